@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m minidist.bench NAME`. One module per benchmark."""
