@@ -1,0 +1,500 @@
+"""Differentiable operations, each a `Function` with its forward and backward side by side.
+
+Chapter 1. Read any class here to see the chain rule for one operation: `forward` computes with
+NumPy and saves what the gradient will need; `backward` receives dL/d(output) and returns
+dL/d(input) for each input. The neural-network operations that a transformer spends its time in
+(linear, layer_norm, gelu, softmax, attention, cross_entropy) live in `minidist/fused.py`, each
+written as one fused operation with a hand-derived backward, because that is how fast libraries
+do it and because the derivation is worth reading.
+
+Conventions: Python numbers stay Python floats, so they never change a tensor's dtype (a NumPy
+float64 scalar would upcast a float32 array under NumPy 2's rules); two float tensors of
+different dtypes may not meet in one operation — cast one explicitly with `cast`.
+"""
+from __future__ import annotations
+
+import builtins
+
+import numpy as np
+
+from minidist.tensor import Function, Tensor, as_array
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _unbroadcast(grad: np.ndarray, shape: tuple) -> np.ndarray:
+    """Sum a gradient back down to `shape`, undoing NumPy broadcasting in the forward."""
+    if grad.shape == shape:
+        return grad
+    extra = grad.ndim - len(shape)
+    axes = tuple(range(extra)) + tuple(i + extra for i, n in enumerate(shape) if n == 1 and grad.shape[i + extra] != 1)
+    grad = grad.sum(axis=axes, keepdims=True) if axes else grad
+    return grad.reshape(shape)
+
+
+def _operand(x):
+    """A Tensor stays a Tensor; a Python number stays a Python float; arrays become constants."""
+    if isinstance(x, Tensor):
+        return x
+    if isinstance(x, (bool, int, float, np.integer, np.floating)):
+        return float(x)
+    return Tensor(as_array(x))
+
+
+def _check_dtypes(name, a, b):
+    da, db = getattr(a, "dtype", None), getattr(b, "dtype", None)
+    if da is not None and db is not None and da != db and da.kind == "f" and db.kind == "f":
+        raise TypeError(f"{name}: tensors of dtypes {da} and {db}; cast one explicitly (dtypes never change silently)")
+
+
+def _shape(x):
+    return np.shape(x)
+
+
+# ----------------------------------------------------------------------------- arithmetic
+
+
+class Add(Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.shapes = (_shape(a), _shape(b))
+        return a + b
+
+    @staticmethod
+    def backward(ctx, g):
+        return _unbroadcast(g, ctx.shapes[0]), _unbroadcast(g, ctx.shapes[1])
+
+
+class Sub(Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.shapes = (_shape(a), _shape(b))
+        return a - b
+
+    @staticmethod
+    def backward(ctx, g):
+        return _unbroadcast(g, ctx.shapes[0]), _unbroadcast(-g, ctx.shapes[1])
+
+
+class Mul(Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return a * b
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved
+        ga = _unbroadcast(g * b, _shape(a)) if ctx.needs_input_grad[0] else None
+        gb = _unbroadcast(g * a, _shape(b)) if ctx.needs_input_grad[1] else None
+        return ga, gb
+
+
+class Div(Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return a / b
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved
+        ga = _unbroadcast(g / b, _shape(a)) if ctx.needs_input_grad[0] else None
+        gb = _unbroadcast(-g * a / (b * b), _shape(b)) if ctx.needs_input_grad[1] else None
+        return ga, gb
+
+
+def _binary(function, name):
+    def op(a, b):
+        a, b = _operand(a), _operand(b)
+        _check_dtypes(name, a, b)
+        return function.apply(a, b)
+
+    op.__name__ = name
+    op.__doc__ = f"Elementwise {name} with NumPy broadcasting; the gradient is summed back over broadcast axes."
+    return op
+
+
+add, sub, mul, div = _binary(Add, "add"), _binary(Sub, "sub"), _binary(Mul, "mul"), _binary(Div, "div")
+
+
+class Neg(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return -x
+
+    @staticmethod
+    def backward(ctx, g):
+        return (-g,)
+
+
+class Pow(Function):
+    @staticmethod
+    def forward(ctx, x, p):
+        ctx.save_for_backward(x)
+        ctx.p = p
+        return _power(x, p)
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved
+        return g * (ctx.p * _power(x, ctx.p - 1)), None
+
+
+def _power(x, p):
+    # small integer powers as products: NumPy's x**3 is ~200x slower than x*x*x (measured)
+    if p == 0:
+        return np.ones_like(x)
+    if p == 1:
+        return x
+    if p == 2:
+        return x * x
+    if p == 3:
+        return x * x * x
+    return np.power(x, x.dtype.type(p))
+
+
+def neg(x):
+    return Neg.apply(x)
+
+
+def pow(x, exponent):  # noqa: A001  (mirrors torch.pow)
+    """x ** exponent for a Python-number exponent."""
+    if isinstance(exponent, Tensor) or np.ndim(exponent) != 0:
+        raise TypeError("pow: only a scalar exponent is supported")
+    return Pow.apply(x, float(exponent))
+
+
+class Cast(Function):
+    @staticmethod
+    def forward(ctx, x, dtype):
+        ctx.dtype = x.dtype
+        return x.astype(dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.astype(ctx.dtype), None
+
+
+def cast(x, dtype):
+    """Change a tensor's dtype explicitly (the gradient is cast back)."""
+    return Cast.apply(x, np.dtype(dtype))
+
+
+# ----------------------------------------------------------------------------- unary math
+
+
+class Exp(Function):
+    @staticmethod
+    def forward(ctx, x):
+        y = np.exp(x)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        return (g * ctx.saved[0],)
+
+
+class Log(Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return np.log(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return (g / ctx.saved[0],)
+
+
+class Sqrt(Function):
+    @staticmethod
+    def forward(ctx, x):
+        y = np.sqrt(x)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        return (g * 0.5 / ctx.saved[0],)
+
+
+class Tanh(Function):
+    @staticmethod
+    def forward(ctx, x):
+        y = np.tanh(x)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved
+        return (g * (1.0 - y * y),)
+
+
+class Relu(Function):
+    @staticmethod
+    def forward(ctx, x):
+        y = np.maximum(x, 0.0)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        return (g * (ctx.saved[0] > 0),)
+
+
+def exp(x): return Exp.apply(x)
+def log(x): return Log.apply(x)
+def sqrt(x): return Sqrt.apply(x)
+def tanh(x): return Tanh.apply(x)
+def relu(x): return Relu.apply(x)
+
+
+# ----------------------------------------------------------------------------- matmul
+
+
+class MatMul(Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        if a.ndim < 2 or b.ndim < 2 or a.shape[-1] != b.shape[-2]:
+            raise ValueError(f"matmul: shapes {a.shape} and {b.shape} do not align (need (..., n, k) @ (..., k, m))")
+        ctx.save_for_backward(a, b)
+        if b.ndim == 2:  # (..., n, k) @ (k, m): one big GEMM instead of a loop over the batch
+            return (a.reshape(-1, a.shape[-1]) @ b).reshape(*a.shape[:-1], b.shape[-1])
+        return a @ b
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved
+        ga = gb = None
+        if ctx.needs_input_grad[0]:
+            ga = _unbroadcast(g @ np.swapaxes(b, -1, -2), a.shape)
+        if ctx.needs_input_grad[1]:
+            if b.ndim == 2:
+                gb = a.reshape(-1, a.shape[-1]).T @ g.reshape(-1, g.shape[-1])
+            else:
+                gb = _unbroadcast(np.swapaxes(a, -1, -2) @ g, b.shape)
+        return ga, gb
+
+
+def matmul(a, b):
+    """Batched matrix product `a @ b` over the last two axes, batch axes broadcast."""
+    a, b = _operand(a), _operand(b)
+    _check_dtypes("matmul", a, b)
+    return MatMul.apply(a, b)
+
+
+# ----------------------------------------------------------------------------- reductions
+
+
+def _normalize_axis(axis, ndim):
+    if axis is None:
+        return tuple(range(ndim))
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    return tuple(a % ndim for a in axes)
+
+
+def _expand_back(g, axes, keepdims):
+    """Give a reduced gradient back the reduced axes (as size 1) so it broadcasts to the input."""
+    return g if keepdims else np.expand_dims(g, axes)
+
+
+class Sum(Function):
+    @staticmethod
+    def forward(ctx, x, axis, keepdims):
+        ctx.shape, ctx.axes, ctx.keepdims = x.shape, _normalize_axis(axis, x.ndim), keepdims
+        return np.sum(x, axis=ctx.axes, keepdims=keepdims)
+
+    @staticmethod
+    def backward(ctx, g):
+        return np.broadcast_to(_expand_back(g, ctx.axes, ctx.keepdims), ctx.shape), None, None
+
+
+class Max(Function):
+    @staticmethod
+    def forward(ctx, x, axis, keepdims):
+        ctx.axes, ctx.keepdims = _normalize_axis(axis, x.ndim), keepdims
+        out = np.max(x, axis=ctx.axes, keepdims=True)
+        ctx.save_for_backward(x, out)
+        return out if keepdims else np.squeeze(out, ctx.axes)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, out = ctx.saved
+        winners = x == out  # ties share the gradient equally
+        share = winners / winners.sum(axis=ctx.axes, keepdims=True)
+        return (share * _expand_back(g, ctx.axes, ctx.keepdims)).astype(x.dtype), None, None
+
+
+def sum(x, axis=None, keepdims=False):  # noqa: A001
+    return Sum.apply(x, axis, keepdims)
+
+
+def mean(x, axis=None, keepdims=False):
+    count = int(np.prod([x.shape[a] for a in _normalize_axis(axis, x.ndim)]))
+    return Sum.apply(x, axis, keepdims) * (1.0 / builtins.max(count, 1))
+
+
+def max(x, axis=None, keepdims=False):  # noqa: A001
+    return Max.apply(x, axis, keepdims)
+
+
+# ----------------------------------------------------------------------------- shapes
+
+
+class Reshape(Function):
+    @staticmethod
+    def forward(ctx, x, shape):
+        ctx.shape = x.shape
+        return x.reshape(shape)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.reshape(ctx.shape), None
+
+
+class Permute(Function):
+    @staticmethod
+    def forward(ctx, x, axes):
+        ctx.axes = axes
+        return np.transpose(x, axes)
+
+    @staticmethod
+    def backward(ctx, g):
+        return np.transpose(g, np.argsort(ctx.axes)), None
+
+
+def reshape(x, shape):
+    return Reshape.apply(x, tuple(shape) if not isinstance(shape, int) else (shape,))
+
+
+def permute(x, axes):
+    return Permute.apply(x, tuple(a % x.ndim for a in axes))
+
+
+def transpose(x, axis1=-2, axis2=-1):
+    axes = list(range(x.ndim))
+    axes[axis1], axes[axis2] = axes[axis2], axes[axis1]
+    return Permute.apply(x, tuple(axes))
+
+
+def _is_basic_index(index) -> bool:
+    """Slices, ints, None and Ellipsis select each element at most once (a view in NumPy)."""
+    items = index if isinstance(index, tuple) else (index,)
+    return all(isinstance(i, (int, np.integer, slice)) or i is None or i is Ellipsis for i in items)
+
+
+class GetItem(Function):
+    @staticmethod
+    def forward(ctx, x, index):
+        ctx.shape, ctx.dtype, ctx.index = x.shape, x.dtype, index
+        return x[index]
+
+    @staticmethod
+    def backward(ctx, g):
+        grad = np.zeros(ctx.shape, dtype=ctx.dtype)
+        if _is_basic_index(ctx.index):
+            grad[ctx.index] = g
+        else:  # integer-array indexing may pick an element twice: add, don't overwrite
+            np.add.at(grad, ctx.index, g)
+        return grad, None
+
+
+def getitem(x, index):
+    """`x[index]` for slices, integers and integer/boolean arrays; gradients flow to the picks."""
+    if isinstance(index, Tensor):
+        index = index.data
+    elif isinstance(index, tuple):
+        index = tuple(i.data if isinstance(i, Tensor) else i for i in index)
+    return GetItem.apply(x, index)
+
+
+class Concat(Function):
+    @staticmethod
+    def forward(ctx, axis, *arrays):
+        ctx.axis = axis
+        ctx.bounds = np.cumsum([a.shape[axis] for a in arrays])[:-1]
+        return np.concatenate(arrays, axis=axis)
+
+    @staticmethod
+    def backward(ctx, g):
+        return (None, *np.split(g, ctx.bounds, axis=ctx.axis))
+
+
+def concat(tensors, axis=0):
+    """Join tensors along an existing axis (torch.cat)."""
+    tensors = [_operand(t) for t in tensors]
+    for t in tensors[1:]:
+        _check_dtypes("concat", tensors[0], t)
+    return Concat.apply(axis, *tensors)
+
+
+cat = concat
+
+
+def split(x, sizes, axis=0):
+    """Split into pieces of the given sizes (a list) or into pieces of one size (an int)."""
+    length = x.shape[axis]
+    if isinstance(sizes, int):
+        sizes = [sizes] * (length // sizes) + ([length % sizes] if length % sizes else [])
+    if builtins.sum(sizes) != length:
+        raise ValueError(f"split: sizes {list(sizes)} do not add up to {length} along axis {axis}")
+    pieces, start = [], 0
+    for size in sizes:
+        index = [slice(None)] * x.ndim
+        index[axis] = slice(start, start + size)
+        pieces.append(getitem(x, tuple(index)))
+        start += size
+    return pieces
+
+
+def chunk(x, chunks, axis=0):
+    """Split into `chunks` nearly equal pieces (the first ones one longer, like np.array_split)."""
+    length = x.shape[axis]
+    return split(x, [length // chunks + (1 if i < length % chunks else 0) for i in range(chunks)], axis)
+
+
+# ----------------------------------------------------------------------------- selection
+
+
+class Where(Function):
+    @staticmethod
+    def forward(ctx, condition, a, b):
+        ctx.condition, ctx.shapes = condition, (_shape(a), _shape(b))
+        return np.where(condition, a, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        zero = g.dtype.type(0)
+        ga = _unbroadcast(np.where(ctx.condition, g, zero), ctx.shapes[0])
+        gb = _unbroadcast(np.where(ctx.condition, zero, g), ctx.shapes[1])
+        return None, ga, gb
+
+
+def where(condition, a, b):
+    """Pick from `a` where `condition` holds, else from `b` (broadcasting all three)."""
+    condition = condition.data if isinstance(condition, Tensor) else np.asarray(condition, dtype=bool)
+    a, b = _operand(a), _operand(b)
+    _check_dtypes("where", a, b)
+    return Where.apply(condition, a, b)
+
+
+def masked_fill(x, mask, value):
+    """Put `value` where `mask` is True (no gradient flows there), keep `x` elsewhere."""
+    return where(mask, float(value), x)
+
+
+# The neural-network operations are defined in fused.py; importing them here makes
+# `minidist.functional` the one place to find every operation, as in torch.nn.functional.
+from minidist.fused import (  # noqa: E402,F401
+    cross_entropy,
+    dropout,
+    embedding,
+    gelu,
+    layer_norm,
+    linear,
+    log_softmax,
+    scaled_dot_product_attention,
+    softmax,
+)

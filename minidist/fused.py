@@ -1,0 +1,334 @@
+"""The operations a transformer spends its time in, each fused into one Function.
+
+Chapter 1. Composing `linear` or `layer_norm` from small operations would work (autograd makes
+any composition differentiable) but would create and keep many temporaries. Like PyTorch's and
+Megatron-LM's kernels, each operation here computes its forward in a few NumPy calls and its
+backward from a derivation written once by hand, saving only what that derivation needs. Every
+one is checked against finite differences in tests/test_functional.py.
+
+Shapes follow PyTorch: `linear` weights are (out_features, in_features); attention takes
+(batch, heads, time, head_dim); `cross_entropy` takes logits (..., vocab) and integer targets.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from minidist.tensor import Function, Tensor
+
+# ----------------------------------------------------------------------------- linear
+
+
+class Linear(Function):
+    """y = x W^T + b. With x flattened to (N, in): dx = g W, dW = g^T x, db = sum of g's rows."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        if x.shape[-1] != weight.shape[1]:
+            raise ValueError(f"linear: input has {x.shape[-1]} features (shape {x.shape}) "
+                             f"but the weight expects {weight.shape[1]} (weight shape {weight.shape})")
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        y = x.reshape(-1, x.shape[-1]) @ weight.T
+        if bias is not None:
+            y += bias
+        return y.reshape(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, g):
+        x, weight = ctx.saved
+        g2 = g.reshape(-1, g.shape[-1])
+        gx = (g2 @ weight).reshape(x.shape) if ctx.needs_input_grad[0] else None
+        gw = g2.T @ x.reshape(-1, x.shape[-1]) if ctx.needs_input_grad[1] else None
+        gb = g2.sum(axis=0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return gx, gw, gb
+
+
+def linear(x, weight, bias=None):
+    return Linear.apply(x, weight, bias)
+
+
+# ----------------------------------------------------------------------------- embedding
+
+
+class Embedding(Function):
+    """Row lookup. The gradient of a row is the sum of the gradients of every position using it."""
+
+    @staticmethod
+    def forward(ctx, ids, weight):
+        ctx.ids, ctx.shape = ids, weight.shape
+        return weight[ids]
+
+    @staticmethod
+    def backward(ctx, g):
+        grad = np.zeros(ctx.shape, dtype=g.dtype)
+        np.add.at(grad, ctx.ids.reshape(-1), g.reshape(-1, ctx.shape[1]))
+        return None, grad
+
+
+def embedding(ids, weight):
+    """Look up rows of `weight` (num_embeddings, dim) for integer `ids` of any shape."""
+    ids = ids.data if isinstance(ids, Tensor) else np.asarray(ids)
+    if ids.dtype.kind not in "iu":
+        raise TypeError(f"embedding: ids must be integers, got dtype {ids.dtype}")
+    n = weight.shape[0]
+    if ids.size and (ids.min() < 0 or ids.max() >= n):
+        bad = ids[(ids < 0) | (ids >= n)].flat[0]
+        raise IndexError(f"embedding: id {bad} is outside the table of {n} rows (valid ids are 0..{n - 1})")
+    return Embedding.apply(ids, weight)
+
+
+# ----------------------------------------------------------------------------- layer norm
+
+
+class LayerNorm(Function):
+    """y = (x - mean) / sqrt(var + eps) * w + b over the last axis.
+
+    With xhat the normalised input and r = 1/sqrt(var + eps), the backward is
+    dx = r * (gh - mean(gh) - xhat * mean(gh * xhat)), where gh = g * w.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        mu = x.mean(axis=-1, keepdims=True)
+        xc = x - mu
+        var = np.einsum("...i,...i->...", xc, xc)[..., None] * (1.0 / x.shape[-1])
+        rstd = 1.0 / np.sqrt(var + eps)
+        xhat = xc
+        xhat *= rstd
+        ctx.save_for_backward(xhat, rstd, weight)
+        return xhat * weight + bias
+
+    @staticmethod
+    def backward(ctx, g):
+        xhat, rstd, weight = ctx.saved
+        n = xhat.shape[-1]
+        gw = (g * xhat).reshape(-1, n).sum(axis=0) if ctx.needs_input_grad[1] else None
+        gb = g.reshape(-1, n).sum(axis=0) if ctx.needs_input_grad[2] else None
+        gh = g * weight
+        inv_n = 1.0 / n
+        gx = gh - gh.mean(axis=-1, keepdims=True)
+        gx -= xhat * (np.einsum("...i,...i->...", gh, xhat)[..., None] * inv_n)
+        gx *= rstd
+        return gx, gw, gb, None
+
+
+def layer_norm(x, weight, bias, eps=1e-5):
+    return LayerNorm.apply(x, weight, bias, float(eps))
+
+
+# ----------------------------------------------------------------------------- GELU
+
+_GELU_C = math.sqrt(2.0 / math.pi)  # a Python float: keeps float32 arrays float32
+
+
+class GELU(Function):
+    """GELU, tanh form: 0.5 x (1 + tanh(u)), u = c (x + 0.044715 x^3), c = sqrt(2/pi).
+
+    d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 * 0.044715 x^2), with t = tanh(u).
+    (x*x*x, never x**3: NumPy's power is ~200x slower here.)
+    """
+
+    @staticmethod
+    def forward(ctx, x):
+        x2 = x * x
+        t = np.tanh(_GELU_C * x * (1.0 + 0.044715 * x2))
+        ctx.save_for_backward(x, t)
+        return 0.5 * x * (1.0 + t)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, t = ctx.saved
+        du = _GELU_C * (1.0 + 3 * 0.044715 * (x * x))
+        return (g * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du),)
+
+
+def gelu(x):
+    return GELU.apply(x)
+
+
+# ----------------------------------------------------------------------------- softmax family
+
+
+def _softmax_array(x, axis):
+    y = x - x.max(axis=axis, keepdims=True)  # subtracting the max keeps exp from overflowing
+    np.exp(y, out=y)
+    y /= y.sum(axis=axis, keepdims=True)
+    return y
+
+
+class Softmax(Function):
+    """y = exp(x) / sum(exp(x)); dx = y * (g - sum(g * y))."""
+
+    @staticmethod
+    def forward(ctx, x, axis):
+        y = _softmax_array(x, axis)
+        ctx.save_for_backward(y)
+        ctx.axis = axis
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved
+        return y * (g - (g * y).sum(axis=ctx.axis, keepdims=True)), None
+
+
+class LogSoftmax(Function):
+    """y = x - logsumexp(x); dx = g - softmax(x) * sum(g)."""
+
+    @staticmethod
+    def forward(ctx, x, axis):
+        shifted = x - x.max(axis=axis, keepdims=True)
+        y = shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))
+        ctx.save_for_backward(y)
+        ctx.axis = axis
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved
+        return g - np.exp(y) * g.sum(axis=ctx.axis, keepdims=True), None
+
+
+def softmax(x, axis=-1):
+    return Softmax.apply(x, axis)
+
+
+def log_softmax(x, axis=-1):
+    return LogSoftmax.apply(x, axis)
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+class ScaledDotProductAttention(Function):
+    """softmax(q k^T / sqrt(d) + causal mask) v, optionally with dropout on the weights.
+
+    Backward, with a = softmax weights, a' = a * dropout mask, g = dL/dy:
+    dv = a'^T g;  da = (g v^T) * mask;  ds = a * (da - sum(da * a)) / sqrt(d);
+    dq = ds k;  dk = ds^T q.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, dropout_p, rng):
+        d = q.shape[-1]
+        scores = q @ np.swapaxes(k, -1, -2)
+        scores *= 1.0 / math.sqrt(d)
+        if causal:
+            t_q, t_k = scores.shape[-2:]
+            future = np.triu(np.ones((t_q, t_k), dtype=bool), k=1 + t_k - t_q)
+            scores[..., future] = -np.inf
+        weights = _softmax_array(scores, -1)
+        mask = None
+        if dropout_p > 0.0:
+            mask = _dropout_mask(weights.shape, weights.dtype, dropout_p, rng)
+            dropped = weights * mask
+        else:
+            dropped = weights
+        ctx.save_for_backward(q, k, v, weights, mask)
+        return dropped @ v
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, v, weights, mask = ctx.saved
+        dropped = weights if mask is None else weights * mask
+        gv = np.swapaxes(dropped, -1, -2) @ g
+        ga = g @ np.swapaxes(v, -1, -2)
+        if mask is not None:
+            ga *= mask
+        gs = ga
+        gs -= (ga * weights).sum(axis=-1, keepdims=True)
+        gs *= weights
+        gs *= 1.0 / math.sqrt(q.shape[-1])
+        gq = gs @ k
+        gk = np.swapaxes(gs, -1, -2) @ q
+        return gq, gk, gv, None, None, None
+
+
+def scaled_dot_product_attention(q, k, v, causal=True, dropout_p=0.0, rng=None):
+    """Attention over (batch, heads, time, head_dim) tensors, as torch's function of that name."""
+    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2] and q.shape[-1] == k.shape[-1] and k.shape[-2] == v.shape[-2]):
+        raise ValueError(f"attention: incompatible shapes q {q.shape}, k {k.shape}, v {v.shape}")
+    return ScaledDotProductAttention.apply(q, k, v, causal, float(dropout_p), rng)
+
+
+# ----------------------------------------------------------------------------- dropout
+
+
+def _dropout_mask(shape, dtype, p, rng):
+    if rng is None:
+        raise ValueError("dropout needs an explicit np.random.Generator (rng=...) so runs are reproducible")
+    keep = rng.random(shape) >= p
+    return keep.astype(dtype) * (1.0 / (1.0 - p))  # scale the kept ones so the mean is unchanged
+
+
+class Dropout(Function):
+    @staticmethod
+    def forward(ctx, x, p, rng):
+        mask = _dropout_mask(x.shape, x.dtype, p, rng)
+        ctx.save_for_backward(mask)
+        return x * mask
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.saved[0], None, None
+
+
+def dropout(x, p, training=True, rng=None):
+    """Zero each element with probability p (scaling the rest by 1/(1-p)); identity in eval."""
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+    if not training or p == 0.0:
+        return x
+    return Dropout.apply(x, float(p), rng)
+
+
+# ----------------------------------------------------------------------------- cross-entropy
+
+
+class CrossEntropy(Function):
+    """Mean over counted tokens of -log softmax(logits)[target], fused and stable.
+
+    dL/dlogits = (softmax(logits) - onehot(target)) / count for counted tokens, 0 for ignored.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, targets, ignore_index):
+        flat = logits.reshape(-1, logits.shape[-1])
+        ids = targets.reshape(-1)
+        counted = ids != ignore_index
+        safe_ids = np.where(counted, ids, 0)
+        rows = np.arange(flat.shape[0])
+        probs = _softmax_array(flat, -1)
+        picked = probs[rows, safe_ids]
+        count = max(int(counted.sum()), 1)
+        loss = -np.log(np.where(counted, picked, 1.0)).sum() / count
+        ctx.save_for_backward(probs)
+        ctx.rows, ctx.ids, ctx.counted, ctx.count, ctx.shape = rows, safe_ids, counted, count, logits.shape
+        return np.asarray(loss, dtype=logits.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        (probs,) = ctx.saved
+        grad = probs.copy()
+        grad[ctx.rows, ctx.ids] -= 1.0
+        grad *= (ctx.counted * (float(g) / ctx.count)).astype(grad.dtype)[:, None]
+        return grad.reshape(ctx.shape), None, None
+
+
+def cross_entropy(logits, targets, ignore_index=-100):
+    """Mean cross-entropy of integer `targets` (...,) under `logits` (..., vocab).
+
+    Targets equal to `ignore_index` are skipped and not counted in the mean.
+    """
+    targets = targets.data if isinstance(targets, Tensor) else np.asarray(targets)
+    if targets.shape != logits.shape[:-1]:
+        raise ValueError(f"cross_entropy: logits of shape {logits.shape} need targets of shape "
+                         f"{logits.shape[:-1]}, got {targets.shape}")
+    vocab = logits.shape[-1]
+    counted = targets[targets != ignore_index]
+    if counted.size and (counted.min() < 0 or counted.max() >= vocab):
+        bad = counted[(counted < 0) | (counted >= vocab)][0]
+        raise IndexError(f"cross_entropy: target {bad} is outside the vocabulary of size {vocab}")
+    return CrossEntropy.apply(logits, targets, ignore_index)

@@ -1,0 +1,394 @@
+"""The engine: a `Tensor` over a NumPy array, and reverse-mode automatic differentiation.
+
+Chapter 1 (and every chapter after it) runs on this file. The one idea: every operation that
+produces a tensor remembers *how* it was made (a `Function` and the inputs it read); `backward()`
+walks that record from the loss back to the parameters, applying the chain rule at each step.
+
+- A `Function` has a `forward(ctx, *arrays)` that computes with NumPy and a `backward(ctx, grad)`
+  that returns one gradient per input. This is also the public way to define a new differentiable
+  operation (like `torch.autograd.Function`); tensor parallelism defines its communication ops
+  this way.
+- `backward()` sorts the graph iteratively (deep graphs never hit Python's recursion limit),
+  accumulates into `.grad` across calls (micro-batching relies on it), and fires a parameter's
+  hooks the moment its gradient is complete (data parallelism starts all-reduces from them).
+- dtypes never change silently: float32 by default, float64 on request, and mixing them is an
+  error rather than a quiet upcast.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import defaultdict
+
+import numpy as np
+
+# ----------------------------------------------------------------------------- dtypes
+
+_FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+_default_dtype = np.dtype(np.float32)
+
+
+def set_default_dtype(dtype) -> None:
+    """Set the dtype of new floating tensors and parameters (float32 or float64)."""
+    global _default_dtype
+    dtype = np.dtype(dtype)
+    if dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"default dtype must be a float dtype, got {dtype}")
+    _default_dtype = dtype
+
+
+def get_default_dtype() -> np.dtype:
+    return _default_dtype
+
+
+@contextlib.contextmanager
+def default_dtype(dtype):
+    """`with default_dtype(np.float64): ...` — a temporary default dtype."""
+    previous = _default_dtype
+    set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        set_default_dtype(previous)
+
+
+def as_array(data, dtype=None) -> np.ndarray:
+    """Turn Python numbers, lists and arrays into an ndarray.
+
+    Python floats and lists become the default dtype; an ndarray keeps its own dtype unless a
+    dtype is asked for (so float64 data stays float64, and integer token ids stay integers).
+    """
+    if isinstance(data, Tensor):
+        data = data.data
+    if isinstance(data, (np.ndarray, np.generic)):  # NumPy data keeps its own dtype
+        data = np.asarray(data)
+        return data if dtype is None or data.dtype == dtype else data.astype(dtype)
+    array = np.asarray(data)
+    if dtype is not None:
+        return array.astype(dtype, copy=False)
+    if array.dtype.kind == "f":  # Python floats arrive as float64: use the default instead
+        return array.astype(_default_dtype, copy=False)
+    return array
+
+
+# ----------------------------------------------------------------------------- grad mode
+
+_grad_enabled = True
+
+
+@contextlib.contextmanager
+def no_grad():
+    """Inside `with no_grad():` operations record nothing (evaluation, optimizer updates)."""
+    global _grad_enabled
+    previous, _grad_enabled = _grad_enabled, False
+    try:
+        yield
+    finally:
+        _grad_enabled = previous
+
+
+def is_grad_enabled() -> bool:
+    return _grad_enabled
+
+
+# ----------------------------------------------------------------------------- profiling
+
+_profile: dict | None = None
+
+
+@contextlib.contextmanager
+def profile():
+    """Time every Function's forward and backward by name: `with profile() as times: ...`.
+
+    `times[name]` is `[forward_seconds, backward_seconds, calls]`. Used by the step benchmark
+    to show where a training step spends its time.
+    """
+    global _profile
+    previous, _profile = _profile, defaultdict(lambda: [0.0, 0.0, 0])
+    try:
+        yield _profile
+    finally:
+        _profile = previous
+
+
+# ----------------------------------------------------------------------------- Function
+
+
+class Context:
+    """What a Function's forward leaves for its backward.
+
+    `save_for_backward(*arrays)` keeps arrays alive until backward; they are counted by the
+    memory ledger as activation memory (`graph_bytes`). Other small facts (shapes, axes) can be
+    set as plain attributes.
+    """
+
+    def __init__(self):
+        self.saved: tuple = ()
+        self.needs_input_grad: tuple = ()
+
+    def save_for_backward(self, *arrays) -> None:
+        self.saved = arrays
+
+
+class Function:
+    """A differentiable operation: subclass it and write two static methods.
+
+        class Square(Function):
+            @staticmethod
+            def forward(ctx, x):            # NumPy arrays in, one NumPy array out
+                ctx.save_for_backward(x)
+                return x * x
+
+            @staticmethod
+            def backward(ctx, grad):        # gradient of the loss w.r.t. the output
+                (x,) = ctx.saved
+                return (2.0 * x * grad,)    # one gradient (or None) per forward input
+
+        y = Square.apply(t)
+
+    Tensor arguments of `apply` arrive in `forward` as arrays; any other argument (ints, axes,
+    a communicator) passes through unchanged and gets `None` as its gradient.
+    """
+
+    @staticmethod
+    def forward(ctx, *args):
+        raise NotImplementedError
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise NotImplementedError
+
+    @classmethod
+    def apply(cls, *args, **kwargs) -> "Tensor":
+        arrays = [a.data if isinstance(a, Tensor) else a for a in args]
+        ctx = Context()
+        track = _grad_enabled and any(isinstance(a, Tensor) and a.requires_grad for a in args)
+        ctx.needs_input_grad = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
+        if _profile is None:
+            out = cls.forward(ctx, *arrays, **kwargs)
+        else:
+            start = time.perf_counter()
+            out = cls.forward(ctx, *arrays, **kwargs)
+            entry = _profile[cls.__name__]
+            entry[0] += time.perf_counter() - start
+            entry[2] += 1
+        result = Tensor(out)
+        if track:
+            result.requires_grad = True
+            result._fn = cls
+            result._ctx = ctx
+            result._inputs = tuple(args)
+        return result
+
+
+# ----------------------------------------------------------------------------- Tensor
+
+
+class Tensor:
+    """An ndarray (`.data`) plus, when it requires grad, a gradient (`.grad`) and its history."""
+
+    __array_priority__ = 100  # so that `ndarray * Tensor` defers to Tensor.__rmul__
+
+    def __init__(self, data, requires_grad: bool = False, dtype=None):
+        self.data = as_array(data, dtype)
+        if requires_grad and self.data.dtype not in _FLOAT_DTYPES:
+            raise TypeError(f"only float tensors can require grad, got {self.data.dtype}")
+        self.requires_grad = requires_grad
+        self.grad: np.ndarray | None = None
+        self._fn = None  # the Function that made this tensor (None for a leaf)
+        self._ctx: Context | None = None
+        self._inputs: tuple = ()
+        self._hooks: list = []
+
+    # -- basic facts
+    shape = property(lambda self: self.data.shape)
+    dtype = property(lambda self: self.data.dtype)
+    ndim = property(lambda self: self.data.ndim)
+    size = property(lambda self: self.data.size)
+    is_leaf = property(lambda self: self._fn is None)
+
+    def __len__(self):
+        return len(self.data)
+
+    def __repr__(self):
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        return f"Tensor({self.data!r}{grad})"
+
+    def numpy(self) -> np.ndarray:
+        return self.data
+
+    def item(self) -> float:
+        return self.data.item()
+
+    def detach(self) -> "Tensor":
+        return Tensor(self.data)
+
+    def astype(self, dtype) -> "Tensor":
+        from minidist.functional import cast
+
+        return cast(self, dtype)
+
+    # -- hooks
+    def register_post_accumulate_grad_hook(self, hook) -> None:
+        """Call `hook(tensor)` each time backward has finished accumulating into `.grad`.
+
+        Same name as PyTorch's. It fires during backward, as soon as every use of this tensor in
+        the graph has contributed, so data parallelism can start communicating a gradient
+        while the rest of backward is still running.
+        """
+        if not self.is_leaf:
+            raise RuntimeError("gradient hooks can only be registered on leaf tensors (parameters)")
+        self._hooks.append(hook)
+
+    # -- backward
+    def backward(self, grad=None) -> None:
+        """Accumulate d(self)/d(leaf) into every leaf's `.grad` that requires grad.
+
+        `grad` is the gradient flowing into this tensor; it may be omitted only for a
+        one-element tensor (a loss), where it is 1.
+        """
+        if not self.requires_grad:
+            raise RuntimeError("backward() on a tensor that does not require grad (was it made under no_grad()?)")
+        if grad is None:
+            if self.data.size != 1:
+                raise RuntimeError(
+                    f"backward() of a non-scalar tensor of shape {self.shape} needs a gradient "
+                    "argument of that shape (implicit 1.0 only works for a single-element loss)"
+                )
+            grad = np.ones_like(self.data)
+        else:
+            grad = as_array(grad, self.dtype)
+            if grad.shape != self.shape:
+                raise ValueError(f"backward(): gradient of shape {grad.shape} for a tensor of shape {self.shape}")
+        _run_backward(self, grad)
+
+    # -- operators; the operations themselves live in functional.py
+    def __add__(self, other): return F.add(self, other)
+    def __radd__(self, other): return F.add(other, self)
+    def __sub__(self, other): return F.sub(self, other)
+    def __rsub__(self, other): return F.sub(other, self)
+    def __mul__(self, other): return F.mul(self, other)
+    def __rmul__(self, other): return F.mul(other, self)
+    def __truediv__(self, other): return F.div(self, other)
+    def __rtruediv__(self, other): return F.div(other, self)
+    def __neg__(self): return F.neg(self)
+    def __pow__(self, exponent): return F.pow(self, exponent)
+    def __matmul__(self, other): return F.matmul(self, other)
+    def __rmatmul__(self, other): return F.matmul(other, self)
+    def __getitem__(self, index): return F.getitem(self, index)
+
+    def sum(self, axis=None, keepdims=False): return F.sum(self, axis, keepdims)
+    def mean(self, axis=None, keepdims=False): return F.mean(self, axis, keepdims)
+    def max(self, axis=None, keepdims=False): return F.max(self, axis, keepdims)
+    def exp(self): return F.exp(self)
+    def log(self): return F.log(self)
+    def sqrt(self): return F.sqrt(self)
+    def tanh(self): return F.tanh(self)
+    def reshape(self, *shape): return F.reshape(self, shape[0] if len(shape) == 1 else shape)
+    def transpose(self, axis1=-2, axis2=-1): return F.transpose(self, axis1, axis2)
+    def permute(self, *axes): return F.permute(self, axes[0] if len(axes) == 1 else axes)
+
+    @property
+    def T(self):
+        return F.permute(self, tuple(reversed(range(self.ndim))))
+
+
+def _run_backward(root: Tensor, grad: np.ndarray) -> None:
+    # 1. Every tensor reachable from the root that needs a gradient, in topological order
+    #    (inputs before outputs), found with an explicit stack instead of recursion.
+    order, seen, stack = [], {id(root)}, [(root, False)]
+    uses: dict[int, int] = defaultdict(int)  # how many graph nodes consume each tensor
+    while stack:
+        tensor, expanded = stack.pop()
+        if expanded:
+            order.append(tensor)
+            continue
+        stack.append((tensor, True))
+        for parent in tensor._inputs:
+            if isinstance(parent, Tensor) and parent.requires_grad:
+                uses[id(parent)] += 1
+                if id(parent) not in seen:
+                    seen.add(id(parent))
+                    stack.append((parent, False))
+
+    # 2. Walk outputs-to-inputs. A tensor's gradient is complete once all its consumers have
+    #    been processed; leaves are then accumulated into .grad and their hooks fired at once.
+    grads = {id(root): grad}
+    for tensor in reversed(order):
+        if tensor.is_leaf:
+            continue  # delivered below, the moment its last consumer finishes
+        g = grads.pop(id(tensor), None)
+        fn, ctx, inputs = tensor._fn, tensor._ctx, tensor._inputs
+        # the graph is used once: free it (and its saved activations) as we go
+        tensor._fn, tensor._ctx, tensor._inputs = None, None, ()
+        if g is None:
+            continue
+        if _profile is None:
+            input_grads = fn.backward(ctx, g)
+        else:
+            start = time.perf_counter()
+            input_grads = fn.backward(ctx, g)
+            _profile[fn.__name__][1] += time.perf_counter() - start
+        if not isinstance(input_grads, tuple):
+            input_grads = (input_grads,)
+        for parent, parent_grad in zip(inputs, input_grads):
+            if not (isinstance(parent, Tensor) and parent.requires_grad):
+                continue
+            if parent_grad is not None:
+                _accumulate(grads, parent, parent_grad)
+            uses[id(parent)] -= 1
+            if parent.is_leaf and uses[id(parent)] == 0:
+                _deliver(parent, grads.pop(id(parent), None))
+    if root.is_leaf:  # backward() called on a parameter itself
+        _deliver(root, grads.pop(id(root), None))
+
+
+def _accumulate(grads: dict, tensor: Tensor, g: np.ndarray) -> None:
+    if g.shape != tensor.shape:
+        raise RuntimeError(f"internal error: gradient of shape {g.shape} for a tensor of shape {tensor.shape}")
+    if g.dtype != tensor.dtype:
+        g = g.astype(tensor.dtype)
+    previous = grads.get(id(tensor))
+    # the first contribution may be a view of someone else's buffer: copy before adding to it
+    grads[id(tensor)] = g if previous is None else previous + g
+
+
+def _deliver(leaf: Tensor, g: np.ndarray | None) -> None:
+    if g is None:
+        return
+    if leaf.grad is None:
+        leaf.grad = np.array(g, dtype=leaf.dtype, copy=True)
+    else:
+        leaf.grad += g
+    for hook in leaf._hooks:
+        hook(leaf)
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+def graph_bytes(*outputs: Tensor) -> int:
+    """Bytes of activation memory the autograd graph behind `outputs` keeps alive.
+
+    Counts every intermediate tensor's array and every array a Function saved for backward
+    (each distinct buffer once; parameters and inputs are not counted). This is the
+    activation memory of chapter 1, measured rather than estimated.
+    """
+    seen_buffers, seen_tensors, total = set(), set(), 0
+    stack = list(outputs)
+    while stack:
+        tensor = stack.pop()
+        if id(tensor) in seen_tensors or tensor.is_leaf:
+            continue
+        seen_tensors.add(id(tensor))
+        arrays = [tensor.data] + [a for a in tensor._ctx.saved if isinstance(a, np.ndarray)]
+        for array in arrays:
+            base = array if array.base is None else array.base
+            if id(base) not in seen_buffers:
+                seen_buffers.add(id(base))
+                total += base.nbytes
+        stack.extend(p for p in tensor._inputs if isinstance(p, Tensor))
+    return total
+
+
+from minidist import functional as F  # noqa: E402  (operators above are defined in functional.py)
