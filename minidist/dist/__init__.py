@@ -1,0 +1,28 @@
+"""minidist.dist: processes and messages (chapters 02 and 07).
+
+The communication layer every parallel strategy uses. It moves NumPy arrays and knows
+nothing of models. Read it in this order, one idea per file:
+
+    world.py        the world, ranks, groups (communicators) and Split
+    p2p.py          point-to-point messages and the polite, timed wait
+    traffic.py      counting messages and bytes per rank
+    algorithms.py   collectives as schedules of messages: trees, recursive doubling, rings
+    collectives.py  the torch.distributed-style API, async Work, the mismatch check
+    cost.py         the alpha-beta cost model and its fit
+    faults.py       any rank's exception ends the whole job
+    launch.py       run a function on N real MPI ranks from a test or a notebook
+    malloc.py       allocator tuning so large-message timings compare fairly
+"""
+from minidist.dist.collectives import (CollectiveMismatch, Work, all_gather, all_reduce, all_to_all, barrier,
+                                       broadcast, reduce, reduce_scatter, set_check)
+from minidist.dist.p2p import (CommTimeout, Request, irecv, isend, recv, send, sendrecv, set_wait_policy, wait,
+                               wait_policy)
+from minidist.dist.world import World, get_rank, get_world, get_world_size
+
+__all__ = [
+    "World", "get_world", "get_rank", "get_world_size",
+    "send", "recv", "isend", "irecv", "sendrecv", "wait", "Request", "CommTimeout",
+    "set_wait_policy", "wait_policy",
+    "all_reduce", "reduce", "broadcast", "reduce_scatter", "all_gather", "all_to_all", "barrier",
+    "Work", "CollectiveMismatch", "set_check",
+]

@@ -1,0 +1,315 @@
+"""Collectives in the spirit of torch.distributed, on NumPy arrays (chapters 02 and 07).
+
+One idea: a *collective* (集合通信) is a call that every rank of a group makes together and
+that moves data among all of them; here each one is a schedule of point-to-point messages
+(see algorithms.py) driven by the polite wait of p2p.py.
+
+    all_reduce(x, op="sum", group=None, algorithm="auto", async_op=False) -> x (in place)
+    reduce(x, dst=0, op="sum", ...)            -> x (result on dst; others untouched)
+    broadcast(x, src=0, ...)                   -> x (in place)
+    reduce_scatter(x, op="sum", ..., out=None) -> my chunk of the reduced x (np.array_split)
+    all_gather(x, ..., out=None)               -> concatenation of every rank's x
+    all_to_all(x, ..., out=None)               -> chunk r of every rank's x, by source rank
+    barrier(group=None)
+
+Every array is seen as its flat sequence of elements (C order) and must be C-contiguous.
+Ops: "sum", "avg" (sum / N, float dtypes only), "max", "min". With `async_op=True` the call
+returns a `Work` (`test()` / `is_completed()` advance it without blocking, `wait()` finishes
+it and returns the result) so compute can overlap with communication.
+
+Before any message, a cheap consistency check (MPI's own small Allgather of count, dtype,
+op, root and collective) makes a call with different sizes or dtypes on different ranks raise
+`CollectiveMismatch` on *every* rank, naming what each rank passed, instead of deadlocking or
+returning garbage. Benchmarks switch it off with `set_check(False)`.
+"""
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+from mpi4py import MPI
+
+from minidist.dist import algorithms as alg
+from minidist.dist import p2p, traffic
+from minidist.dist.world import World, resolve
+
+OPS = {"sum": np.add, "avg": np.add, "max": np.maximum, "min": np.minimum}
+
+# all-reduce: below this many bytes recursive doubling (few messages) beats the ring (few
+# bytes). Measured with `python -m minidist.bench collectives` on 2 and 4 ranks (chapter 07).
+AUTO_RING_BYTES = 64 * 1024
+
+ALL_REDUCE = {
+    "naive": alg.all_reduce_naive,
+    "tree": alg.all_reduce_tree,
+    "recursive_doubling": alg.all_reduce_recursive_doubling,
+    "ring": alg.all_reduce_ring,
+}
+BROADCAST = {"tree": alg.broadcast_tree, "naive": alg.broadcast_naive}
+REDUCE = {"tree": alg.reduce_tree, "naive": alg.reduce_naive}
+
+
+class CollectiveMismatch(ValueError):
+    """Ranks called a collective with arguments that do not fit together."""
+
+
+_CHECK = [True]
+
+
+def set_check(enabled: bool) -> bool:
+    """Turn the consistency check on or off (on this rank; do it on all). Returns the old value."""
+    old, _CHECK[0] = _CHECK[0], bool(enabled)
+    return old
+
+
+# -- the machinery every collective shares ---------------------------------------------------
+
+class _Ctx:
+    """What an algorithm needs: who am I, and how to post a message with this call's tag."""
+
+    __slots__ = ("world", "comm", "rank", "size", "tag", "kind")
+
+    def __init__(self, world: World, kind: str):
+        self.world, self.comm = world, world.coll_comm
+        self.rank, self.size = world.rank, world.size
+        self.tag, self.kind = world.next_tag(), kind
+        traffic.record_call(kind)
+
+    def send(self, array, peer):
+        return p2p.isend(array, peer, self.tag, self.world, kind=self.kind, comm=self.comm)
+
+    def recv(self, array, peer):
+        return p2p.irecv(array, peer, self.tag, self.world, kind=self.kind, comm=self.comm)
+
+
+class Work:
+    """A collective in flight. `test()` advances it as far as possible without blocking and
+    says whether it has finished; `wait()` finishes it and returns its result."""
+
+    def __init__(self, steps, result):
+        self._steps, self._result = steps, result
+        self._pending, self._done = None, False
+        self.test()  # post the first step's messages right away
+
+    def _advance(self, block: bool, timeout=None) -> bool:
+        while not self._done:
+            if self._pending:
+                if block:
+                    p2p.wait(self._pending, timeout)
+                elif not MPI.Request.Testall([r.mpi for r in self._pending]):
+                    return False
+            try:
+                self._pending = next(self._steps)
+            except StopIteration:
+                self._done, self._pending = True, None
+        return True
+
+    def test(self) -> bool:
+        return self._advance(block=False)
+
+    is_completed = test
+
+    def wait(self, timeout=None):
+        self._advance(block=True, timeout=timeout)
+        return self._result
+
+
+def _run(steps, result, async_op):
+    work = Work(steps, result)
+    return work if async_op else work.wait()
+
+
+def _flat(array: np.ndarray, name: str) -> np.ndarray:
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"{name} takes a NumPy array, got {type(array).__name__}")
+    if not array.flags.c_contiguous:
+        raise ValueError(f"{name} needs a C-contiguous array (use np.ascontiguousarray); got strides {array.strides}")
+    return array.reshape(-1)  # a view: in-place results land in the caller's array
+
+
+def _op(op: str, dtype, name: str):
+    if op not in OPS:
+        raise ValueError(f"{name}: unknown op {op!r}; choose from {sorted(OPS)}")
+    if op == "avg" and not np.issubdtype(dtype, np.floating):
+        raise TypeError(f"{name}: op='avg' needs a floating dtype, got {dtype} (use 'sum' and divide)")
+    return OPS[op]
+
+
+def _code(text: str) -> int:
+    return zlib.crc32(text.encode())
+
+
+def check_consistent(world: World, name: str, count: int, dtype, op: str = "", root: int = -1,
+                     same_count: bool = True) -> np.ndarray:
+    """The mismatch check: every rank shares (collective, count, dtype, op, root) through a
+    small MPI Iallgather (waited for politely) and compares. Returns the counts per rank.
+    Counted in traffic under the kind "check" (bytes as if sent directly to every peer)."""
+    dtype = np.dtype(dtype)
+    mine = np.array([_code(name), count, _code(dtype.str), _code(op), root], dtype=np.int64)
+    table = np.empty((world.size, mine.size), dtype=np.int64)
+    req = world.coll_comm.Iallgather(mine, table)
+    p2p.wait([p2p.Request(req, "recv", -1, -1, table.nbytes, f"consistency check of {name}", world)])
+    for _ in range(world.size - 1):
+        traffic.record_send("check", mine.nbytes)
+        traffic.record_recv("check", mine.nbytes)
+    fields = [0, 2, 3, 4] + ([1] if same_count else [])
+    if (table[:, fields] != mine[fields]).any():
+        # Every rank sees the same table, so every rank raises the same error.
+        names = {_code(n): n for n in ("all_reduce", "reduce", "broadcast", "reduce_scatter",
+                                       "all_gather", "all_to_all")}
+        types = {_code(np.dtype(t).str): np.dtype(t).name for t in np.typecodes["All"] if t not in "OMmVSUa"}
+        rows = [f"rank {r}: {names.get(c, '?')}(count={n}, dtype={types.get(d, d)}"
+                + (f", op={op}" if op else "") + (f", root={rt}" if rt >= 0 else "") + ")"
+                for r, (c, n, d, o, rt) in enumerate(table.tolist())]
+        raise CollectiveMismatch(
+            f"{name} called with mismatched arguments on rank {world.rank}'s group of {world.size}: "
+            + "; ".join(rows))
+    return table[:, 1]
+
+
+# -- the collectives -------------------------------------------------------------------------
+
+def all_reduce(array: np.ndarray, op: str = "sum", group: World | None = None,
+               algorithm: str = "auto", async_op: bool = False):
+    """Reduce `array` over all ranks of `group`, in place; every rank gets the result.
+    algorithm: "naive", "tree", "recursive_doubling", "ring" or "auto" (recursive doubling
+    below AUTO_RING_BYTES, ring above)."""
+    world, buf = resolve(group), _flat(array, "all_reduce")
+    ufunc = _op(op, buf.dtype, "all_reduce")
+    if algorithm == "auto":
+        algorithm = "recursive_doubling" if buf.nbytes < AUTO_RING_BYTES else "ring"
+    if algorithm not in ALL_REDUCE:
+        raise ValueError(f"all_reduce: unknown algorithm {algorithm!r}; choose from {sorted(ALL_REDUCE)} or 'auto'")
+    if _CHECK[0]:
+        check_consistent(world, "all_reduce", buf.size, buf.dtype, op)
+
+    def steps():
+        if world.size > 1 and buf.size > 0:
+            yield from ALL_REDUCE[algorithm](_Ctx(world, f"all_reduce.{algorithm}"), buf, ufunc)
+        if op == "avg":
+            np.divide(buf, world.size, out=buf)
+
+    return _run(steps(), array, async_op)
+
+
+def reduce(array: np.ndarray, dst: int = 0, op: str = "sum", group: World | None = None,
+           algorithm: str = "tree", async_op: bool = False):
+    """Reduce `array` over all ranks onto rank `dst` (in place there; other ranks' arrays are
+    left as they were)."""
+    world, buf = resolve(group), _flat(array, "reduce")
+    ufunc = _op(op, buf.dtype, "reduce")
+    _check_root(world, dst, "reduce")
+    if _CHECK[0]:
+        check_consistent(world, "reduce", buf.size, buf.dtype, op, dst)
+
+    def steps():
+        if world.size > 1 and buf.size > 0:
+            yield from REDUCE[algorithm](_Ctx(world, f"reduce.{algorithm}"), buf, dst, ufunc)
+        if op == "avg" and world.rank == dst:
+            np.divide(buf, world.size, out=buf)
+
+    return _run(steps(), array, async_op)
+
+
+def broadcast(array: np.ndarray, src: int = 0, group: World | None = None,
+              algorithm: str = "tree", async_op: bool = False):
+    """Copy rank `src`'s `array` into every rank's `array` (same shape and dtype everywhere)."""
+    world, buf = resolve(group), _flat(array, "broadcast")
+    _check_root(world, src, "broadcast")
+    if _CHECK[0]:
+        check_consistent(world, "broadcast", buf.size, buf.dtype, "", src)
+
+    def steps():
+        if world.size > 1 and buf.size > 0:
+            yield from BROADCAST[algorithm](_Ctx(world, f"broadcast.{algorithm}"), buf, src)
+
+    return _run(steps(), array, async_op)
+
+
+def reduce_scatter(array: np.ndarray, op: str = "sum", group: World | None = None,
+                   out: np.ndarray | None = None, algorithm: str = "ring", async_op: bool = False):
+    """Reduce `array` over all ranks and give rank r only chunk r of the result, where the
+    chunks are cut like np.array_split(array.ravel(), N). `array` is not modified; the
+    chunk is returned (in `out` if given: 1-D, that chunk's size)."""
+    world, buf = resolve(group), _flat(array, "reduce_scatter")
+    ufunc = _op(op, buf.dtype, "reduce_scatter")
+    if algorithm != "ring":
+        raise ValueError(f"reduce_scatter: unknown algorithm {algorithm!r}; only 'ring'")
+    a, b = alg.chunk_bounds(buf.size, world.size)[world.rank]
+    if out is None:
+        out = np.empty(b - a, dtype=buf.dtype)
+    elif out.shape != (b - a,) or out.dtype != buf.dtype:
+        raise ValueError(f"reduce_scatter: rank {world.rank} needs out of shape {(b - a,)} and dtype "
+                         f"{buf.dtype}, got {out.shape} {out.dtype}")
+    if _CHECK[0]:
+        check_consistent(world, "reduce_scatter", buf.size, buf.dtype, op)
+
+    def steps():
+        if buf.size > 0:
+            yield from alg.reduce_scatter_ring(_Ctx(world, "reduce_scatter.ring"), buf, ufunc, out)
+        if op == "avg":
+            np.divide(out, world.size, out=out)
+
+    return _run(steps(), out, async_op)
+
+
+def all_gather(array: np.ndarray, group: World | None = None, out: np.ndarray | None = None,
+               algorithm: str = "ring", async_op: bool = False):
+    """Concatenate every rank's `array` (flattened) in rank order; every rank gets it all.
+    Ranks may pass different counts. With `out` given (1-D, the total size), rank r's part
+    is np.array_split(out, N)[r] and nothing but the data is exchanged; without it the
+    counts are first shared with a small MPI Allgather (the consistency check)."""
+    world, buf = resolve(group), _flat(array, "all_gather")
+    if algorithm != "ring":
+        raise ValueError(f"all_gather: unknown algorithm {algorithm!r}; only 'ring'")
+    if out is None or _CHECK[0]:
+        counts = check_consistent(world, "all_gather", buf.size, buf.dtype, same_count=False)
+        total = int(counts.sum())
+        bounds = [(int(counts[:r].sum()), int(counts[:r + 1].sum())) for r in range(world.size)]
+        if out is None:
+            out = np.empty(total, dtype=buf.dtype)
+        elif out.shape != (total,) or out.dtype != buf.dtype or bounds != alg.chunk_bounds(total, world.size):
+            raise ValueError(f"all_gather: with out of shape {out.shape} and {out.dtype}, every rank must pass "
+                             f"its np.array_split part of dtype {out.dtype}; counts per rank were {counts.tolist()}")
+    else:
+        bounds = alg.chunk_bounds(out.size, world.size)
+        a, b = bounds[world.rank]
+        if b - a != buf.size or out.dtype != buf.dtype:
+            raise ValueError(f"all_gather: rank {world.rank} must pass {b - a} elements of {out.dtype} for "
+                             f"out of size {out.size}, got {buf.size} of {buf.dtype}")
+    a, b = bounds[world.rank]
+    out[a:b] = buf
+
+    def steps():
+        if out.size > 0:
+            yield from alg.all_gather_ring(_Ctx(world, "all_gather.ring"), out, bounds)
+
+    return _run(steps(), out, async_op)
+
+
+def all_to_all(array: np.ndarray, group: World | None = None, out: np.ndarray | None = None,
+               async_op: bool = False):
+    """Cut `array` into N chunks like np.array_split; chunk j goes to rank j. Rank r gets
+    the concatenation of every rank's chunk r, in source-rank order (all ranks pass the same
+    count, so every chunk r has the same size)."""
+    world, buf = resolve(group), _flat(array, "all_to_all")
+    a, b = alg.chunk_bounds(buf.size, world.size)[world.rank]
+    n_out = world.size * (b - a)
+    if out is None:
+        out = np.empty(n_out, dtype=buf.dtype)
+    elif out.shape != (n_out,) or out.dtype != buf.dtype:
+        raise ValueError(f"all_to_all: rank {world.rank} needs out of shape {(n_out,)} {buf.dtype}")
+    if _CHECK[0]:
+        check_consistent(world, "all_to_all", buf.size, buf.dtype)
+    return _run(alg.all_to_all_pairwise(_Ctx(world, "all_to_all.pairwise"), buf, out), out, async_op)
+
+
+def barrier(group: World | None = None, timeout=None):
+    """Return only when every rank of `group` has called barrier (dissemination algorithm)."""
+    world = resolve(group)
+    Work(alg.barrier_dissemination(_Ctx(world, "barrier.dissemination")), None).wait(timeout)
+
+
+def _check_root(world, root, name):
+    if not 0 <= root < world.size:
+        raise ValueError(f"{name}: root rank {root} is outside the group of {world.size} ranks")

@@ -1,0 +1,73 @@
+"""Faults never hang: a failing rank ends the whole job, loudly (chapter 02).
+
+One idea: under MPI, an exception on one rank does not end the job. That rank's Python exits,
+but the others wait forever for its messages (measured with MPICH: the job hangs, a waiting
+rank spinning at 100% CPU). So minidist turns an uncaught exception on any rank into
+`MPI.COMM_WORLD.Abort(1)`, which makes the launcher kill every rank of the job at once,
+after printing that rank's traceback (once, each line prefixed by its rank, so it cannot be
+lost among the other ranks' output).
+
+    from minidist.dist import faults
+    faults.install()              # first thing in the demo, the benchmarks, rank programs
+
+The other half of "never hang" is the timeout on every wait (p2p.wait raises CommTimeout,
+naming the rank, the peer and the tag), which `install()` then turns into an abort as well.
+
+`fail(message)` is for errors every rank detects alike before any message is sent (an
+invalid layout such as --dp 3 on 4 ranks): rank 0 prints one line, every rank exits with
+status 2; no traceback, no abort needed.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import traceback
+
+from mpi4py import MPI
+
+_installed = [False]
+
+
+def format_exception(exc_type, exc, tb) -> str:
+    """The traceback, each line prefixed by this process's rank in COMM_WORLD."""
+    rank = MPI.COMM_WORLD.Get_rank()
+    text = "".join(traceback.format_exception(exc_type, exc, tb))
+    return "".join(f"[rank {rank}] {line}\n" for line in text.rstrip("\n").split("\n"))
+
+
+def abort(exc_type, exc, tb, grace: float = 0.2):
+    """Print the traceback once, then end every rank of the job."""
+    sys.stderr.write(format_exception(exc_type, exc, tb))
+    sys.stderr.flush()
+    sys.stdout.flush()
+    if MPI.COMM_WORLD.Get_size() > 1:
+        # Other ranks often fail at the same moment for the same reason (a mismatch error is
+        # raised on every rank); a short grace period lets them print before we kill them.
+        time.sleep(grace)
+    MPI.COMM_WORLD.Abort(1)
+
+
+def _hook(exc_type, exc, tb):
+    if issubclass(exc_type, KeyboardInterrupt) and MPI.COMM_WORLD.Get_size() == 1:
+        return sys.__excepthook__(exc_type, exc, tb)
+    abort(exc_type, exc, tb)
+
+
+def _thread_hook(args):
+    abort(args.exc_type, args.exc_value, args.exc_traceback)
+
+
+def install():
+    """Make any uncaught exception, in any thread of this rank, abort the whole job."""
+    if not _installed[0]:
+        sys.excepthook = _hook
+        threading.excepthook = _thread_hook
+        _installed[0] = True
+
+
+def fail(message: str, code: int = 2):
+    """Every rank found the same problem before communicating: one line, non-zero exit."""
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        print(f"error: {message}", file=sys.stderr, flush=True)
+    sys.exit(code)

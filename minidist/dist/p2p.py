@@ -1,0 +1,175 @@
+"""Point-to-point messages and the polite wait (chapter 02: point-to-point vs collectives).
+
+One idea: a message goes from one rank to another, and the receiver must *wait* for it.
+Everything else in minidist.dist (every collective) is built from the few functions here:
+`isend`/`irecv` post a message and return at once with a `Request`; `wait` blocks until
+requests complete; `send`, `recv` and `sendrecv` are the blocking spellings.
+
+We use mpi4py's fast *buffer* API (uppercase `Isend`/`Irecv`): the bytes of a NumPy array go
+straight to MPI, with no pickling. (The lowercase API pickles Python objects: slow for arrays,
+and e.g. `comm.allreduce(ndarray, op=MPI.MAX)` fails on them.) Arrays are sent as raw bytes
+(`MPI.BYTE`), so any dtype works, float16 included; both sides must agree on dtype and size.
+
+Why a *polite* wait. MPICH's blocking calls (`Recv`, `Wait`, `Barrier`) busy-poll: a waiting
+rank burns 100% of a core. On a 2-core machine running 4 ranks, the ranks that wait steal the
+CPU from the rank that computes. Measured on this machine (`python -m minidist.bench
+collectives --wait-demo`, 4 ranks, rank 0 computes while ranks 1-3 wait for its message):
+
+    wait policy                            rank 0's compute time
+    alone (1 rank, nobody waiting)         see chapters/07 (about 470 ms)
+    MPI's blocking Recv (spins)            about 2x as long
+    minidist's polite wait (this file)     within a few % of alone
+
+The polite wait polls `Testall()`; while nothing has arrived it first gives the core away
+with `sched_yield` for a short `spin` period (cheap if nobody else needs the core, and quick
+to notice a message), then sleeps with an exponential back-off up to `max_sleep`. Every wait
+has a `timeout`: instead of hanging forever it raises `CommTimeout`, naming this rank, the
+peer, the tag and what it waited for.
+
+Configure with `set_wait_policy(...)` or the environment variables MINIDIST_WAIT_SPIN,
+MINIDIST_WAIT_MAX_SLEEP (seconds), MINIDIST_TIMEOUT (seconds, default 300) and
+MINIDIST_POLITE=0 (fall back to MPI's spinning `Waitall`, for comparison).
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from minidist.dist import traffic
+from minidist.dist.world import World, global_rank, resolve
+
+
+class CommTimeout(TimeoutError):
+    """A wait took longer than the timeout: a peer is dead, stuck, or never sent."""
+
+
+class _Policy:
+    spin = float(os.environ.get("MINIDIST_WAIT_SPIN", "0.0005"))
+    max_sleep = float(os.environ.get("MINIDIST_WAIT_MAX_SLEEP", "0.001"))
+    timeout = float(os.environ.get("MINIDIST_TIMEOUT", "300"))
+    polite = os.environ.get("MINIDIST_POLITE", "1") != "0"
+
+
+def set_wait_policy(spin=None, max_sleep=None, timeout=None, polite=None) -> dict:
+    """Change how every minidist wait behaves on this rank; returns the previous policy."""
+    old = wait_policy()
+    for name, value in dict(spin=spin, max_sleep=max_sleep, timeout=timeout, polite=polite).items():
+        if value is not None:
+            setattr(_Policy, name, value)
+    return old
+
+
+def wait_policy() -> dict:
+    return dict(spin=_Policy.spin, max_sleep=_Policy.max_sleep, timeout=_Policy.timeout, polite=_Policy.polite)
+
+
+class Request:
+    """A posted message: the MPI request plus what we need to explain a timeout."""
+
+    __slots__ = ("mpi", "op", "peer", "tag", "nbytes", "kind", "world")
+
+    def __init__(self, mpi, op, peer, tag, nbytes, kind, world):
+        self.mpi, self.op, self.peer, self.tag = mpi, op, peer, tag
+        self.nbytes, self.kind, self.world = nbytes, kind, world
+
+    def test(self) -> bool:
+        return self.mpi.Test()
+
+    def wait(self, timeout=None):
+        wait([self], timeout)
+
+    def describe(self) -> str:
+        where = "to" if self.op == "send" else "from"
+        return f"{self.op} of {self.nbytes} bytes {where} rank {self.peer}, tag {self.tag} ({self.kind})"
+
+
+def _as_bytes(array: np.ndarray):
+    if not array.flags.c_contiguous:
+        raise ValueError(f"minidist sends contiguous arrays only; got strides {array.strides} for shape {array.shape}")
+    return [array, MPI.BYTE]
+
+
+def isend(array: np.ndarray, dst: int, tag: int = 0, group: World | None = None, *,
+          kind: str = "send", comm: MPI.Comm | None = None) -> Request:
+    """Post a send of `array` to rank `dst`; returns at once. Do not modify `array` until the
+    request completes. `comm` is used by the collectives (their private communicator)."""
+    world = resolve(group)
+    req = (comm or world.comm).Isend(_as_bytes(array), dst, tag)
+    traffic.record_send(kind, array.nbytes)
+    return Request(req, "send", dst, tag, array.nbytes, kind, world)
+
+
+def irecv(array: np.ndarray, src: int, tag: int = 0, group: World | None = None, *,
+          kind: str = "recv", comm: MPI.Comm | None = None) -> Request:
+    """Post a receive into the preallocated `array` from rank `src`; returns at once."""
+    world = resolve(group)
+    req = (comm or world.comm).Irecv(_as_bytes(array), src, tag)
+    traffic.record_recv(kind, array.nbytes)
+    return Request(req, "recv", src, tag, array.nbytes, kind, world)
+
+
+def wait(requests, timeout: float | None = None):
+    """Wait, politely and with a timeout, until every request in `requests` completes."""
+    if isinstance(requests, Request):
+        requests = [requests]
+    if not requests:
+        return
+    raw = [r.mpi for r in requests]
+    if MPI.Request.Testall(raw):  # the common case for small messages: already there
+        return
+    if not _Policy.polite and timeout is None:
+        MPI.Request.Waitall(raw)  # MPI's own wait: spins at 100% CPU (for comparison only)
+        return
+    timeout = _Policy.timeout if timeout is None else timeout
+    start = time.perf_counter()
+    spin_until = start + _Policy.spin
+    sleep = 1e-5
+    while not MPI.Request.Testall(raw):
+        now = time.perf_counter()
+        if now - start > timeout:
+            _raise_timeout(requests, raw, now - start)
+        if now < spin_until:
+            os.sched_yield()  # give the core to a rank that has work, if any
+        else:
+            time.sleep(sleep)
+            sleep = min(2 * sleep, _Policy.max_sleep)
+
+
+def _raise_timeout(requests, raw, waited):
+    pending = [r for r, m in zip(requests, raw) if m != MPI.REQUEST_NULL and not m.Test()]
+    r0 = requests[0]
+    what = "; ".join(r.describe() for r in pending) or "requests that completed too late"
+    for m in raw:  # cancel what is still posted so MPI can clean up
+        if m != MPI.REQUEST_NULL:
+            m.Cancel()
+    raise CommTimeout(
+        f"rank {r0.world.rank} of {r0.world.size} (world rank {global_rank()}) timed out after "
+        f"{waited:.1f} s waiting for {what}. Is that rank alive, and did it make the same call?"
+    )
+
+
+# -- the blocking spellings ------------------------------------------------------------------
+
+def send(array: np.ndarray, dst: int, tag: int = 0, group: World | None = None, timeout=None):
+    """Send `array` to rank `dst` and wait until its buffer may be reused."""
+    wait(isend(array, dst, tag, group), timeout)
+
+
+def recv(array: np.ndarray, src: int, tag: int = 0, group: World | None = None, timeout=None) -> np.ndarray:
+    """Receive from rank `src` into the preallocated `array` (shape and dtype agreed beforehand)."""
+    wait(irecv(array, src, tag, group), timeout)
+    return array
+
+
+def sendrecv(send_array: np.ndarray, dst: int, recv_array: np.ndarray, src: int, tag: int = 0,
+             group: World | None = None, timeout=None) -> np.ndarray:
+    """Send to `dst` and receive from `src` at the same time. Posting both before waiting is
+    what makes a ring deadlock-free: if every rank did a blocking send first, large messages
+    (which MPI does not buffer) would leave every rank waiting for its neighbour to receive."""
+    r = irecv(recv_array, src, tag, group)
+    s = isend(send_array, dst, tag, group)
+    wait([r, s], timeout)
+    return recv_array

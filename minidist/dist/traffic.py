@@ -1,0 +1,70 @@
+"""Traffic counters: how many messages and bytes each rank sends and receives (chapters 02, 07).
+
+One idea: a formula such as "ring all-reduce sends 2(N-1)/N x S bytes per rank" is only
+believable next to a measurement. Every point-to-point message minidist posts is recorded
+here, per rank, under a *kind*: "send"/"recv" for the user's own messages, and
+"<collective>.<algorithm>" (e.g. "all_reduce.ring") for messages posted by a hand-written
+collective. The small consistency check that runs before a collective (see
+`collectives.check_consistent`) uses MPI's own Allgather and is counted separately under
+the kind "check" with its bytes estimated, so it never pollutes a collective's numbers.
+
+    from minidist.dist import traffic
+    traffic.reset()
+    all_reduce(x)
+    traffic.snapshot()        # {"all_reduce.ring": {...}, "total": {...}} on this rank
+    traffic.gather()          # on every rank: one dict per rank, for the demo's --json
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+_FIELDS = ("bytes_sent", "bytes_received", "messages", "messages_received", "calls")
+_counts: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(_FIELDS, 0))
+
+
+def record_send(kind: str, nbytes: int):
+    c = _counts[kind]
+    c["bytes_sent"] += int(nbytes)
+    c["messages"] += 1
+
+
+def record_recv(kind: str, nbytes: int):
+    c = _counts[kind]
+    c["bytes_received"] += int(nbytes)
+    c["messages_received"] += 1
+
+
+def record_call(kind: str):
+    """One call of a collective (so a notebook can divide bytes by calls)."""
+    _counts[kind]["calls"] += 1
+
+
+def reset():
+    _counts.clear()
+
+
+def snapshot(exclude=("check",)) -> dict:
+    """This rank's counters: {kind: {field: n}}, plus "total" over all kinds not excluded.
+    `messages` counts messages sent; `messages_received` those received."""
+    out = {k: dict(v) for k, v in sorted(_counts.items())}
+    total = dict.fromkeys(_FIELDS, 0)
+    for kind, c in out.items():
+        if kind in exclude:
+            continue
+        for f in _FIELDS:
+            total[f] += c[f]
+    out["total"] = total
+    return out
+
+
+def gather(group=None) -> list[dict]:
+    """Every rank's totals, as a list indexed by rank, returned on every rank of `group`:
+    [{"rank": r, "bytes_sent": ..., "bytes_received": ..., "messages": ...,
+      "messages_received": ..., "by_kind": {...}}, ...]. Collective: all ranks must call it.
+    Uses MPI's own (pickle) allgather, which is not itself counted."""
+    from minidist.dist.world import resolve
+
+    world = resolve(group)
+    snap = snapshot()
+    mine = {"rank": world.rank, **snap.pop("total"), "by_kind": snap}
+    return world.comm.allgather(mine)

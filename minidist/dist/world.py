@@ -1,0 +1,109 @@
+"""The world: processes, ranks, world size and communicators (chapter 02, core concepts).
+
+One idea: every process of a job runs the same program, and the only thing that tells them
+apart is their *rank* (进程编号) within a *communicator* (通信域) of *size* processes.
+`MPI.COMM_WORLD` holds every process of the job; `World.split(color, key)` cuts it into groups
+(e.g. the data-parallel replicas that hold the same pipeline stage), which later chapters use
+to lay out DP x TP x PP.
+
+A `World` wraps two MPI communicators over the same processes:
+
+* `comm`       for the user's own point-to-point messages (`minidist.dist.p2p`), and
+* `coll_comm`  a duplicate (`Dup`) used only by the hand-written collectives.
+
+Why two: MPI matches a message by (communicator, source, tag). Keeping the collectives on
+their own communicator means a user's `send(..., tag=5)` can never be swallowed by a ring
+all-reduce that happens to use tag 5. Each collective call also takes a fresh tag
+(`next_tag`), so several *asynchronous* collectives in flight at once keep their messages
+apart. Every rank calls collectives in the same order, so every rank draws the same tag.
+"""
+from __future__ import annotations
+
+import sys
+
+from mpi4py import MPI
+
+
+class World:
+    """A group of processes that can talk to each other (a communicator, 通信域)."""
+
+    def __init__(self, comm: MPI.Comm, parent: "World | None" = None):
+        self.comm = comm
+        self.coll_comm = comm.Dup()  # private channel for the collectives (see module docstring)
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.parent = parent
+        # Tags above this are reserved; MPI guarantees at least 32767, MPICH gives 2**29 - 1.
+        self._tag_ub = min(int(comm.Get_attr(MPI.TAG_UB) or 32767), 2**30)
+        self._seq = 0
+
+    # -- identity ---------------------------------------------------------------------------
+    def __repr__(self):
+        return f"World(rank={self.rank}, size={self.size}, global_rank={global_rank()})"
+
+    def next_tag(self) -> int:
+        """A fresh tag for one collective call; equal on every rank that makes the same calls."""
+        self._seq += 1
+        return self._seq % self._tag_ub
+
+    # -- groups -----------------------------------------------------------------------------
+    def split(self, color: int, key: int | None = None) -> "World":
+        """Cut this world into groups: ranks passing the same `color` land in one group,
+        ordered by `key` (default: their rank here). Every rank of this world must call it.
+
+        >>> # 4 ranks as 2 data-parallel replicas x 2 pipeline stages:
+        >>> # stage = world.rank % 2; dp_group = world.split(color=stage)
+        """
+        key = self.rank if key is None else key
+        return World(self.comm.Split(color, key), parent=self)
+
+    def group(self, ranks) -> "World | None":
+        """A group of the listed ranks (of this world), or None on ranks not listed.
+        Every rank of this world must call it with the same list."""
+        ranks = list(ranks)
+        inside = self.rank in ranks
+        sub = self.comm.Split(0 if inside else MPI.UNDEFINED, ranks.index(self.rank) if inside else 0)
+        return World(sub, parent=self) if inside else None
+
+    # -- printing without interleaving ------------------------------------------------------
+    def print0(self, *args, **kwargs):
+        """Print from rank 0 only. MPICH's launcher interleaves ranks' stdout mid-line."""
+        if self.rank == 0:
+            print(*args, **kwargs, flush=True)
+
+    def print_all(self, text: str):
+        """Every rank passes a text; rank 0 prints them whole, in rank order."""
+        texts = self.comm.gather(str(text), root=0)  # small: the pickle API is fine here
+        if self.rank == 0:
+            for r, t in enumerate(texts):
+                for line in t.splitlines() or [""]:
+                    print(f"[rank {r}] {line}")
+            sys.stdout.flush()
+
+
+_WORLD: World | None = None
+
+
+def get_world() -> World:
+    """The default world: every process of the job (`MPI.COMM_WORLD`), created on first use."""
+    global _WORLD
+    if _WORLD is None:
+        _WORLD = World(MPI.COMM_WORLD)
+    return _WORLD
+
+
+def resolve(group: "World | None") -> World:
+    """`group=None` means the whole world, as in torch.distributed."""
+    return get_world() if group is None else group
+
+
+def global_rank() -> int:
+    return MPI.COMM_WORLD.Get_rank()
+
+
+def get_rank(group: World | None = None) -> int:
+    return resolve(group).rank
+
+
+def get_world_size(group: World | None = None) -> int:
+    return resolve(group).size
