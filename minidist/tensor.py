@@ -371,23 +371,32 @@ def graph_bytes(*outputs: Tensor) -> int:
     """Bytes of activation memory the autograd graph behind `outputs` keeps alive.
 
     Counts every intermediate tensor's array and every array a Function saved for backward
-    (each distinct buffer once; parameters and inputs are not counted). This is the
-    activation memory of chapter 1, measured rather than estimated.
+    (each distinct buffer once; parameters and inputs are not counted, even where a Function
+    saved them, e.g. the weight a linear layer keeps for its backward). This is the activation
+    memory of chapter 1, measured rather than estimated.
     """
-    seen_buffers, seen_tensors, total = set(), set(), 0
+    def buffer(array):
+        return array if array.base is None else array.base
+
+    seen_buffers, seen_tensors, nodes = set(), set(), []
     stack = list(outputs)
-    while stack:
+    while stack:  # find the graph first: its leaves' buffers belong to the model, not to it
         tensor = stack.pop()
-        if id(tensor) in seen_tensors or tensor.is_leaf:
+        if id(tensor) in seen_tensors:
             continue
         seen_tensors.add(id(tensor))
-        arrays = [tensor.data] + [a for a in tensor._ctx.saved if isinstance(a, np.ndarray)]
-        for array in arrays:
-            base = array if array.base is None else array.base
+        if tensor.is_leaf:
+            seen_buffers.add(id(buffer(tensor.data)))
+            continue
+        nodes.append(tensor)
+        stack.extend(p for p in tensor._inputs if isinstance(p, Tensor))
+    total = 0
+    for tensor in nodes:
+        for array in [tensor.data] + [a for a in tensor._ctx.saved if isinstance(a, np.ndarray)]:
+            base = buffer(array)
             if id(base) not in seen_buffers:
                 seen_buffers.add(id(base))
                 total += base.nbytes
-        stack.extend(p for p in tensor._inputs if isinstance(p, Tensor))
     return total
 
 
