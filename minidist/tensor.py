@@ -296,19 +296,23 @@ class Tensor:
 def _run_backward(root: Tensor, grad: np.ndarray) -> None:
     # 1. Every tensor reachable from the root that needs a gradient, in topological order
     #    (inputs before outputs), found with an explicit stack instead of recursion.
-    order, seen, stack = [], {id(root)}, [(root, False)]
+    #    A tensor is marked when it is expanded, not when it is pushed: a tensor reached again
+    #    through a longer path (a residual connection) must still come before all its consumers.
+    order, seen, stack = [], set(), [(root, False)]
     uses: dict[int, int] = defaultdict(int)  # how many graph nodes consume each tensor
     while stack:
         tensor, expanded = stack.pop()
         if expanded:
             order.append(tensor)
             continue
+        if id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
         stack.append((tensor, True))
         for parent in tensor._inputs:
             if isinstance(parent, Tensor) and parent.requires_grad:
                 uses[id(parent)] += 1
                 if id(parent) not in seen:
-                    seen.add(id(parent))
                     stack.append((parent, False))
 
     # 2. Walk outputs-to-inputs. A tensor's gradient is complete once all its consumers have
