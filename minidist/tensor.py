@@ -325,9 +325,9 @@ def _run_backward(root: Tensor, grad: np.ndarray) -> None:
         fn, ctx, inputs = tensor._fn, tensor._ctx, tensor._inputs
         # the graph is used once: free it (and its saved activations) as we go
         tensor._fn, tensor._ctx, tensor._inputs = None, None, ()
-        if g is None:
-            continue
-        if _profile is None:
+        if g is None:  # no gradient reached this tensor: its inputs get none from it either
+            input_grads = (None,) * len(inputs)
+        elif _profile is None:
             input_grads = fn.backward(ctx, g)
         else:
             start = time.perf_counter()
