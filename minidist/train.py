@@ -1,0 +1,70 @@
+"""One training step, serially: the reference run every parallel strategy must reproduce.
+
+Chapter 1 (and the yardstick of chapters 3-8). A step is: take the batch for this step, run
+forward and backward, clip the global gradient norm, set the learning rate from the schedule,
+and let AdamW update the weights. Every strategy in `minidist/parallel/` does the same step
+with the work spread over ranks, and its tests compare its losses and final weights with
+`SerialTrainer`'s.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from minidist import memory
+from minidist.model import GPT, GPTConfig
+from minidist.optim import AdamW, clip_grad_norm_, lr_at, set_lr, weight_decay_groups
+from minidist.tensor import graph_bytes
+
+
+@dataclass
+class OptimSettings:
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    warmup: int = 10
+    steps: int = 300
+    weight_decay: float = 0.1
+    clip: float = 1.0  # max global gradient norm; 0 turns clipping off
+
+    def lr_at(self, step: int) -> float:
+        return lr_at(step, self.lr, self.warmup, self.steps, self.min_lr)
+
+
+def make_optimizer(model, settings: OptimSettings) -> AdamW:
+    return AdamW(weight_decay_groups(model, settings.weight_decay), lr=settings.lr, betas=(0.9, 0.95))
+
+
+def clip_and_step(optimizer, params, settings: OptimSettings, step: int) -> float:
+    """The end of every step, shared by all strategies: clip, schedule, update. Returns the norm."""
+    norm = clip_grad_norm_(params, settings.clip) if settings.clip else float("nan")
+    set_lr(optimizer, settings.lr_at(step))
+    optimizer.step()
+    return norm
+
+
+class SerialTrainer:
+    """The whole model on one process: the reference run."""
+
+    name = "serial"
+
+    def __init__(self, config: GPTConfig, settings: OptimSettings, seed: int = 0):
+        self.model = GPT(config, seed=seed)
+        self.settings = settings
+        self.optimizer = make_optimizer(self.model, settings)
+        self.activation_bytes = 0
+
+    def step(self, step: int, x: np.ndarray, y: np.ndarray):
+        """Train on (x, y); returns (loss, logits) of this batch."""
+        logits, loss = self.model(x, y)
+        self.activation_bytes = max(self.activation_bytes, graph_bytes(loss))
+        self.model.zero_grad()
+        loss.backward()
+        clip_and_step(self.optimizer, self.model.parameters(), self.settings, step)
+        return loss.item(), logits.data
+
+    def memory(self) -> dict:
+        return memory.ledger(self.model, self.optimizer, self.activation_bytes)
+
+    def state_dict(self) -> dict:
+        return self.model.state_dict()
