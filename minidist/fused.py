@@ -300,10 +300,14 @@ class CrossEntropy(Function):
         counted = ids != ignore_index
         safe_ids = np.where(counted, ids, 0)
         rows = np.arange(flat.shape[0])
-        probs = _softmax_array(flat, -1)
+        # log p = shifted - log(sum(exp(shifted))): never log(0), even where p underflows
+        probs = flat - flat.max(axis=-1, keepdims=True)
         picked = probs[rows, safe_ids]
+        np.exp(probs, out=probs)
+        total = probs.sum(axis=-1, keepdims=True)
+        probs /= total
         count = max(int(counted.sum()), 1)
-        loss = -np.log(np.where(counted, picked, 1.0)).sum() / count
+        loss = -np.where(counted, picked - np.log(total[:, 0]), 0.0).sum() / count
         ctx.save_for_backward(probs)
         ctx.rows, ctx.ids, ctx.counted, ctx.count, ctx.shape = rows, safe_ids, counted, count, logits.shape
         return np.asarray(loss, dtype=logits.dtype)
