@@ -148,7 +148,7 @@ def check_consistent(world: World, name: str, count: int, dtype, op: str = "", r
     mine = np.array([_code(name), count, _code(dtype.str), _code(op), root], dtype=np.int64)
     table = np.empty((world.size, mine.size), dtype=np.int64)
     req = world.coll_comm.Iallgather(mine, table)
-    p2p.wait([p2p.Request(req, "recv", -1, -1, table.nbytes, f"consistency check of {name}", world)])
+    p2p.wait([p2p.Request(req, "coll", -1, -1, table.nbytes, f"the consistency check of {name} (MPI Iallgather)", world)])
     for _ in range(world.size - 1):
         traffic.record_send("check", mine.nbytes)
         traffic.record_recv("check", mine.nbytes)

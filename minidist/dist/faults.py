@@ -19,6 +19,7 @@ status 2; no traceback, no abort needed.
 """
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -46,6 +47,7 @@ def abort(exc_type, exc, tb, grace: float = 0.2):
         # raised on every rank); a short grace period lets them print before we kill them.
         time.sleep(grace)
     MPI.COMM_WORLD.Abort(1)
+    os._exit(1)  # MPICH's Abort can return before the launcher kills us: never run on
 
 
 def _hook(exc_type, exc, tb):

@@ -145,7 +145,8 @@ def _outputs(job: Path, nprocs: int) -> str:
     for r in range(nprocs):
         path = job / f"output.{r}.txt"
         text = path.read_text(errors="replace") if path.exists() else ""
-        blocks.extend(f"[rank {r}] {line}\n" for line in text.splitlines())
+        prefix = f"[rank {r}]"  # tracebacks arrive prefixed already (faults.format_exception)
+        blocks.extend((line if line.startswith(prefix) else f"{prefix} {line}") + "\n" for line in text.splitlines())
     return "".join(blocks)
 
 
@@ -192,8 +193,12 @@ def _rank_main(job_dir: str):
 
 def _write(job, rank, value):
     tmp = job / f"result.{rank}.tmp"
+    try:
+        data = pickle.dumps(value)
+    except Exception as exc:  # an unpicklable result is this rank's error, not a hang
+        data = pickle.dumps((False, f"[rank {rank}] result of type {type(value[1]).__name__} cannot be pickled: {exc}"))
     with open(tmp, "wb") as f:
-        pickle.dump(value, f)
+        f.write(data)
     os.replace(tmp, job / f"result.{rank}.pkl")  # atomic: the parent never reads half a file
 
 

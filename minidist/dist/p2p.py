@@ -82,6 +82,8 @@ class Request:
         wait([self], timeout)
 
     def describe(self) -> str:
+        if self.peer < 0:  # a request of one of MPI's own non-blocking collectives
+            return self.kind
         where = "to" if self.op == "send" else "from"
         return f"{self.op} of {self.nbytes} bytes {where} rank {self.peer}, tag {self.tag} ({self.kind})"
 
@@ -142,9 +144,10 @@ def _raise_timeout(requests, raw, waited):
     pending = [r for r, m in zip(requests, raw) if m != MPI.REQUEST_NULL and not m.Test()]
     r0 = requests[0]
     what = "; ".join(r.describe() for r in pending) or "requests that completed too late"
-    for m in raw:  # cancel what is still posted so MPI can clean up
-        if m != MPI.REQUEST_NULL:
-            m.Cancel()
+    for r in pending:  # withdraw posted receives so MPI can clean up
+        if r.op == "recv" and r.peer >= 0:
+            r.mpi.Cancel()
+            r.mpi.Wait()
     raise CommTimeout(
         f"rank {r0.world.rank} of {r0.world.size} (world rank {global_rank()}) timed out after "
         f"{waited:.1f} s waiting for {what}. Is that rank alive, and did it make the same call?"

@@ -9,7 +9,7 @@ to lay out DP x TP x PP.
 A `World` wraps two MPI communicators over the same processes:
 
 * `comm`       for the user's own point-to-point messages (`minidist.dist.p2p`), and
-* `coll_comm`  a duplicate (`Dup`) used only by the hand-written collectives.
+* `coll_comm`  a duplicate (`Idup`) used only by the hand-written collectives.
 
 Why two: MPI matches a message by (communicator, source, tag). Keeping the collectives on
 their own communicator means a user's `send(..., tag=5)` can never be swallowed by a ring
@@ -29,7 +29,7 @@ class World:
 
     def __init__(self, comm: MPI.Comm, parent: "World | None" = None):
         self.comm = comm
-        self.coll_comm = comm.Dup()  # private channel for the collectives (see module docstring)
+        self._coll_comm = None  # private channel for the collectives, made on first use
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self.parent = parent
@@ -40,6 +40,19 @@ class World:
     # -- identity ---------------------------------------------------------------------------
     def __repr__(self):
         return f"World(rank={self.rank}, size={self.size}, global_rank={global_rank()})"
+
+    @property
+    def coll_comm(self) -> MPI.Comm:
+        """The duplicate communicator of the collectives. Duplicating is itself a collective
+        call, so it happens lazily inside the first collective (which every rank makes), and
+        with the non-blocking `Idup` so that it waits politely and can time out."""
+        if self._coll_comm is None:
+            from minidist.dist import p2p
+
+            comm, req = self.comm.Idup()
+            p2p.wait([p2p.Request(req, "coll", -1, -1, 0, "MPI Idup of the communicator (every rank's first collective)", self)])
+            self._coll_comm = comm
+        return self._coll_comm
 
     def next_tag(self) -> int:
         """A fresh tag for one collective call; equal on every rank that makes the same calls."""
