@@ -17,6 +17,16 @@ import numpy as np
 
 from minidist.tensor import Function, Tensor
 
+
+def _same_dtype(name, *tensors):
+    """Float tensors meeting in one operation must share a dtype (no silent float32 -> float64)."""
+    dtypes = [t.dtype for t in tensors if t is not None and t.dtype.kind == "f"]
+    for dtype in dtypes[1:]:
+        if dtype != dtypes[0]:
+            raise TypeError(f"{name}: tensors of dtypes {dtypes[0]} and {dtype}; cast one explicitly "
+                            "(dtypes never change silently)")
+
+
 # ----------------------------------------------------------------------------- linear
 
 
@@ -46,6 +56,7 @@ class Linear(Function):
 
 
 def linear(x, weight, bias=None):
+    _same_dtype("linear", x, weight, bias)
     return Linear.apply(x, weight, bias)
 
 
@@ -115,6 +126,7 @@ class LayerNorm(Function):
 
 
 def layer_norm(x, weight, bias, eps=1e-5):
+    _same_dtype("layer_norm", x, weight, bias)
     return LayerNorm.apply(x, weight, bias, float(eps))
 
 
@@ -250,6 +262,7 @@ def scaled_dot_product_attention(q, k, v, causal=True, dropout_p=0.0, rng=None):
     """Attention over (batch, heads, time, head_dim) tensors, as torch's function of that name."""
     if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2] and q.shape[-1] == k.shape[-1] and k.shape[-2] == v.shape[-2]):
         raise ValueError(f"attention: incompatible shapes q {q.shape}, k {k.shape}, v {v.shape}")
+    _same_dtype("attention", q, k, v)
     return ScaledDotProductAttention.apply(q, k, v, causal, float(dropout_p), rng)
 
 
