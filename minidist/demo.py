@@ -29,11 +29,12 @@ import numpy as np
 from tqdm import tqdm
 
 from minidist import dist
-from minidist.data import accuracy, make_task
+from minidist.data import make_task
 from minidist.dist import faults, traffic
 from minidist.model import GPTConfig
 from minidist.runtime import tune_malloc
 from minidist.tensor import set_default_dtype
+from minidist.parallel.data import DataParallelTrainer
 from minidist.train import OptimSettings, SerialTrainer
 
 
@@ -47,7 +48,7 @@ class _OneLineParser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _OneLineParser(prog="python -m minidist.demo", description=__doc__.split("\n\n")[0],
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--steps", type=int, default=300, help="training steps")
+    p.add_argument("--steps", type=int, default=None, help="training steps (default 300; 20 per strategy in the tour)")
     p.add_argument("--batch-size", type=int, default=16, help="global batch size (sequences per step)")
     p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (warm-up then cosine)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and the batches")
@@ -60,40 +61,67 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--untied", action="store_true", help="separate LM head instead of tying it to the embedding")
     p.add_argument("--data", default="sort", help="'sort' (built-in task) or a path to any text file")
     p.add_argument("--log-every", type=int, default=0, help="steps between log lines (0: about 10 lines)")
+    p.add_argument("--dp", type=int, help="data-parallel degree (chapter 3); must equal the number of ranks")
+    p.add_argument("--accumulation", type=int, default=1, help="gradient-accumulation micro-steps per optimizer step")
+    p.add_argument("--bucket-kb", type=int, default=1024, help="data-parallel gradient bucket size (KiB)")
+    p.add_argument("--naive-dp", action="store_true", help="one blocking all-reduce per parameter after backward")
     p.add_argument("--json", metavar="PATH", help="write the run's measurements as JSON (rank 0)")
     p.add_argument("--save", metavar="PATH.npz", help="write the final weights, keyed by parameter name")
     return p
 
 
-def check_args(args, world_size: int) -> tuple[GPTConfig, object]:
-    """Everything that can be wrong with the flags, found identically on every rank."""
-    for name in ("steps", "batch_size"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+def check_args(args, world_size: int):
+    """Everything that can be wrong with the flags, found identically on every rank before any
+    message is sent. Returns (config, task, layout)."""
+    for name in ("steps", "batch_size", "accumulation"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     config = GPTConfig(vocab_size=256, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
                        n_embd=args.n_embd, dropout=args.dropout, tie_weights=not args.untied)
     task = make_task(args.data, args.block_size, seed=args.seed)
-    return config, task
+    layout = {"dp": args.dp or 1, "tp": 1, "pp": 1, "zero": 0}
+    if args.dp is not None:
+        if args.dp != world_size:
+            raise ValueError(f"layout dp={args.dp} needs {args.dp} ranks, but this job has {world_size} "
+                             f"(run: mpirun -n {args.dp} python -m minidist.demo --dp {args.dp})")
+        if args.batch_size % (args.dp * args.accumulation):
+            raise ValueError(f"global batch {args.batch_size} is not divisible by dp={args.dp} x "
+                             f"accumulation={args.accumulation}")
+    elif args.accumulation != 1:
+        raise ValueError("--accumulation needs --dp (gradient accumulation is part of data parallelism)")
+    return config, task, layout
 
 
-def train(args, trainer, task, show: bool):
-    """The loop every strategy shares: batches, steps, progress, log lines."""
+def make_trainer(kind: str, args, config, task, world):
+    settings = OptimSettings(lr=args.lr, steps=args.steps, warmup=min(10, args.steps // 10), min_lr=args.lr / 10)
+    if kind == "serial":
+        return SerialTrainer(config, settings, task, args.batch_size, seed=args.seed)
+    overlap = kind != "dp-naive"
+    return DataParallelTrainer(config, settings, task, args.batch_size, seed=args.seed, group=world,
+                               overlap=overlap, bucket_cap_bytes=args.bucket_kb * 1024,
+                               accumulation=args.accumulation)
+
+
+def train(args, trainer, task, show: bool) -> dict:
+    """The loop every strategy shares: steps, progress bar, log lines with a sample."""
     log_every = args.log_every or max(1, args.steps // 10)
     losses, accuracies, seconds = [], [], []
     bar = tqdm(total=args.steps, disable=not show, desc=trainer.name, unit="step", dynamic_ncols=True)
     for step in range(args.steps):
-        x, y = task.get_batch(step, args.batch_size)
         start = time.perf_counter()
-        loss, logits = trainer.step(step, x, y)
+        loss, acc = trainer.step(step)
         seconds.append(time.perf_counter() - start)
         losses.append(loss)
-        accuracies.append(accuracy(logits, y))
+        accuracies.append(acc)
         bar.update(1)
-        bar.set_postfix(loss=f"{loss:.3f}", acc=f"{accuracies[-1]:.2f}")
-        if show and (step % log_every == 0 or step == args.steps - 1):
-            bar.write(f"step {step:4d} | loss {loss:.4f} | acc {accuracies[-1]:.3f} | {sample(trainer, task, step)}")
+        bar.set_postfix(loss=f"{loss:.3f}", acc=f"{acc:.2f}")
+        if show and args.log_every >= 0 and (step % log_every == 0 or step == args.steps - 1):
+            bar.write(f"step {step:4d} | loss {loss:.4f} | acc {acc:.3f} | {sample(trainer, task, step)}")
     bar.close()
-    return losses, accuracies, seconds
+    tokens = args.batch_size * args.block_size
+    return {"losses": losses, "accuracies": accuracies, "step_seconds": seconds,
+            "tokens_per_s": tokens / float(np.median(seconds[1:] if len(seconds) > 1 else seconds))}
 
 
 def sample(trainer, task, step: int) -> str:
@@ -103,6 +131,59 @@ def sample(trainer, task, step: int) -> str:
     prompt, expected = task.sample_prompt(step)
     out = model.generate(prompt[None], task.answer_length)[0]
     return task.format_sample(prompt, out[len(prompt):], expected)
+
+
+IDLE = {"params": 0, "grads": 0, "optimizer": 0, "activations": 0, "peak": 0}
+
+
+def run(kind: str, args, config, task, world, show: bool, ranks=None) -> dict:
+    """Train one strategy on `ranks` (default: all); collective over the whole world."""
+    ranks = range(world.size) if ranks is None else ranks
+    traffic.reset()
+    trainer, result = None, {}
+    if world.rank in ranks:
+        trainer = make_trainer(kind, args, config, task, world)
+        result = train(args, trainer, task, show and world.rank == 0)
+    dist.barrier()  # ranks not taking part wait here, politely polling instead of spinning
+    result["memory"] = world.comm.allgather(trainer.memory() if trainer else IDLE)
+    result["comm"] = traffic.gather()
+    result["state"] = trainer.state_dict() if trainer and world.rank == 0 else None
+    result["parameters"] = trainer.model.num_parameters() if trainer else None
+    return result
+
+
+def tour(args, config, task, world) -> list[dict]:
+    """Serial reference, then every strategy on this world: one table to compare them."""
+    world.print0(f"minidist tour on {world.size} ranks: the serial run, then each strategy, "
+                 f"{args.steps} steps each, compared with serial.")
+    rows = []
+    reference = None
+    for kind, layout, ranks in [("serial", {"dp": 1, "tp": 1, "pp": 1, "zero": 0}, [0]),
+                                ("dp", {"dp": world.size, "tp": 1, "pp": 1, "zero": 0}, None),
+                                ("dp-naive", {"dp": world.size, "tp": 1, "pp": 1, "zero": 0}, None)]:
+        result = run(kind, args, config, task, world, show=True, ranks=ranks)
+        if world.rank == 0:
+            reference = reference or result["state"]
+            diff = max(float(np.max(np.abs(result["state"][k] - reference[k]))) for k in reference)
+            rows.append({"strategy": kind, "layout": layout, "final_loss": result["losses"][-1],
+                         "max_abs_diff_from_serial": diff,
+                         "step_seconds": float(np.median(result["step_seconds"][1:] or result["step_seconds"])),
+                         "tokens_per_s": result["tokens_per_s"],
+                         "bytes_sent_per_rank": max(c["bytes_sent"] for c in result["comm"]) // args.steps,
+                         "peak_bytes_per_rank": max(m["peak"] for m in result["memory"])})
+    if world.rank == 0:
+        print_table(rows)
+    return rows
+
+
+def print_table(rows) -> None:
+    print(f"\n{'strategy':10s} {'layout':16s} {'final loss':>10s} {'max |w - serial|':>17s} "
+          f"{'step ms':>8s} {'sent/rank/step':>15s} {'peak mem/rank':>14s}")
+    for r in rows:
+        layout = " ".join(f"{k}{v}" for k, v in r["layout"].items() if (v != 1 and k != "zero") or (k == "zero" and v))
+        print(f"{r['strategy']:10s} {layout or 'serial':16s} {r['final_loss']:10.4f} "
+              f"{r['max_abs_diff_from_serial']:17.2e} {r['step_seconds'] * 1e3:8.1f} "
+              f"{r['bytes_sent_per_rank'] / 1e6:12.2f} MB {r['peak_bytes_per_rank'] / 1e6:11.1f} MB")
 
 
 def write_json(path: str, report: dict) -> None:
@@ -124,45 +205,38 @@ def main(argv=None) -> int:
     tune_malloc()
     world = dist.get_world()
     args = build_parser().parse_args(argv)
+    is_tour = world.size > 1 and args.dp is None
+    if args.steps is None:
+        args.steps = 20 if is_tour else 300
     try:
-        config, task = check_args(args, world.size)
+        config, task, layout = check_args(args, world.size)
     except (ValueError, FileNotFoundError) as error:
         faults.fail(str(error))
     set_default_dtype(args.dtype)
-    settings = OptimSettings(lr=args.lr, steps=args.steps, warmup=min(10, args.steps // 10), min_lr=args.lr / 10)
 
-    trainer, report = None, None
+    report = {"world_size": world.size, "layout": layout, "dtype": args.dtype, "config": config.to_dict()}
+    if is_tour:
+        report["tour"] = tour(args, config, task, world)
+        report["layout"] = report["tour"][0]["layout"] if world.rank == 0 else layout
+        return finish(args, world, report, None)
+    kind = "serial" if layout["dp"] == 1 else ("dp-naive" if args.naive_dp else "dp")
+    result = run(kind, args, config, task, world, show=True)
     if world.rank == 0:
-        if world.size > 1:
-            print(f"minidist.demo: no layout flags, so the serial run trains on rank 0 while the other "
-                  f"{world.size - 1} ranks wait.", flush=True)
-        trainer = SerialTrainer(config, settings, seed=args.seed)
-        losses, accuracies, seconds = train(args, trainer, task, show=True)
-        tokens = args.batch_size * args.block_size
-        report = {
-            "world_size": world.size,
-            "layout": {"dp": 1, "tp": 1, "pp": 1, "zero": 0},
-            "dtype": args.dtype,
-            "config": config.to_dict(),
-            "losses": losses,
-            "accuracies": accuracies,
-            "step_seconds": seconds,
-            "tokens_per_s": tokens / float(np.median(seconds[1:] if len(seconds) > 1 else seconds)),
-            "parameters": trainer.model.num_parameters(),
-        }
-        print(f"done: final loss {losses[-1]:.4f}, accuracy {accuracies[-1]:.3f}, "
-              f"{report['tokens_per_s']:.0f} tokens/s", flush=True)
-    dist.barrier()  # the other ranks wait here, politely polling instead of spinning
-    memory = world.comm.allgather(trainer.memory() if trainer else {
-        "params": 0, "grads": 0, "optimizer": 0, "activations": 0, "peak": 0})
-    comm = traffic.gather()
+        print(f"done: final loss {result['losses'][-1]:.4f}, accuracy {result['accuracies'][-1]:.3f}, "
+              f"{result['tokens_per_s']:.0f} tokens/s", flush=True)
+    return finish(args, world, {**report, **result}, result["state"])
+
+
+def finish(args, world, report: dict, state) -> int:
     if world.rank == 0:
-        report["memory"] = memory
-        report["comm"] = comm
+        report.pop("state", None)
         if args.json:
             write_json(args.json, report)
         if args.save:
-            save_weights(args.save, trainer.state_dict())
+            if state is None:
+                print("minidist.demo: --save is not written by the tour; pick a layout (e.g. --dp N)")
+            else:
+                save_weights(args.save, state)
     return 0
 
 

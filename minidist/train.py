@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from minidist import memory
+from minidist.data import accuracy
 from minidist.model import GPT, GPTConfig
 from minidist.optim import AdamW, clip_grad_norm_, lr_at, set_lr, weight_decay_groups
 from minidist.tensor import graph_bytes
@@ -48,20 +47,22 @@ class SerialTrainer:
 
     name = "serial"
 
-    def __init__(self, config: GPTConfig, settings: OptimSettings, seed: int = 0):
+    def __init__(self, config: GPTConfig, settings: OptimSettings, task, batch_size: int, seed: int = 0):
+        self.task, self.batch_size = task, batch_size
         self.model = GPT(config, seed=seed)
         self.settings = settings
         self.optimizer = make_optimizer(self.model, settings)
         self.activation_bytes = 0
 
-    def step(self, step: int, x: np.ndarray, y: np.ndarray):
-        """Train on (x, y); returns (loss, logits) of this batch."""
+    def step(self, step: int):
+        """One optimizer step on this step's batch; returns (loss, accuracy)."""
+        x, y = self.task.get_batch(step, self.batch_size)
         logits, loss = self.model(x, y)
         self.activation_bytes = max(self.activation_bytes, graph_bytes(loss))
         self.model.zero_grad()
         loss.backward()
         clip_and_step(self.optimizer, self.model.parameters(), self.settings, step)
-        return loss.item(), logits.data
+        return loss.item(), accuracy(logits.data, y)
 
     def memory(self) -> dict:
         return memory.ledger(self.model, self.optimizer, self.activation_bytes)

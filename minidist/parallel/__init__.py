@@ -1,0 +1,1 @@
+"""Parallel strategies, one file each: data.py (chapter 3), ... ."""

@@ -1,0 +1,265 @@
+"""Data parallelism (数据并行): every rank holds the whole model and a slice of the batch.
+
+Chapter 3. N replicas start from the same weights (broadcast from rank 0, then verified), each
+runs forward and backward on its B/N rows of the global batch, and the gradients are averaged
+with an all-reduce. Since the loss is a mean over the batch, the average of the N slice
+gradients *is* the gradient of the whole batch, so every replica applies the serial update and
+the replicas never drift apart.
+
+Two versions of the gradient averaging, for comparison:
+
+- naive (`overlap=False`): after backward, one blocking all-reduce per parameter. Many small
+  messages, and the network idles while backward computes (and vice versa).
+- bucketed (`overlap=True`, as PyTorch DDP does): parameters are grouped, in the reverse order
+  backward produces their gradients, into flat buckets of about `bucket_cap_bytes`. A gradient
+  hook (`Tensor.register_post_accumulate_grad_hook`) notices when a bucket's last gradient is
+  complete and starts that bucket's non-blocking all-reduce at once, while backward carries on
+  with earlier layers. `finish_gradient_synchronization()` waits for the stragglers before the
+  optimizer step.
+
+Gradient accumulation: inside `with ddp.no_sync():` hooks only accumulate locally; the last
+micro-step, outside `no_sync`, communicates the accumulated sum once.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+
+import numpy as np
+
+from minidist.data import accuracy
+from minidist.dist import all_reduce, broadcast, collectives
+from minidist.dist.world import World, resolve
+from minidist.model import GPT, GPTConfig
+from minidist.tensor import graph_bytes
+from minidist.timeline import Timeline
+from minidist.train import OptimSettings, clip_and_step, make_optimizer
+from minidist import memory
+
+
+class Bucket:
+    """A flat buffer holding the gradients of a few parameters side by side."""
+
+    def __init__(self, index: int, params: list, dtype):
+        self.index = index
+        self.params = params
+        sizes = [p.size for p in params]
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
+        self.buffer = np.zeros(int(self.offsets[-1]), dtype=dtype)
+        self.ready = 0
+        self.work = None
+
+    def view(self, i: int) -> np.ndarray:
+        """Parameter i's slot in the buffer, shaped like the parameter."""
+        return self.buffer[self.offsets[i]:self.offsets[i + 1]].reshape(self.params[i].shape)
+
+
+def make_buckets(params: list, cap_bytes: int) -> list[Bucket]:
+    """Group parameters, last first (backward's order), into buckets of about cap_bytes."""
+    buckets, current, size = [], [], 0
+    for p in reversed(params):
+        if current and size + p.data.nbytes > cap_bytes:
+            buckets.append(current)
+            current, size = [], 0
+        current.append(p)
+        size += p.data.nbytes
+    if current:
+        buckets.append(current)
+    return [Bucket(i, ps, ps[0].dtype) for i, ps in enumerate(buckets)]
+
+
+class DistributedDataParallel:
+    """Wrap a model so that its gradients are averaged over the data-parallel group.
+
+        ddp = DistributedDataParallel(model, group)
+        logits, loss = ddp(x_slice, y_slice)
+        loss.backward()                       # buckets' all-reduces start during backward
+        ddp.finish_gradient_synchronization() # now every p.grad is the global-batch gradient
+        optimizer.step()
+    """
+
+    def __init__(self, module, group: World | None = None, bucket_cap_bytes: int = 1 << 20,
+                 overlap: bool = True, algorithm: str = "auto", timeline=None):
+        self.module = module
+        self.world = resolve(group)
+        self.overlap = overlap
+        self.algorithm = algorithm
+        self.timeline = timeline  # optional: records when each bucket's communication runs
+        self.require_sync = True
+        self.params = module.parameters()
+        self._broadcast_parameters()
+        self.buckets = make_buckets(self.params, bucket_cap_bytes)
+        self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
+        self._check_same_buckets()
+        for p in self.params:
+            p.register_post_accumulate_grad_hook(self._grad_ready)
+
+    # -- the model's face
+    def __call__(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def parameters(self):
+        return self.params
+
+    def named_parameters(self):
+        return self.module.named_parameters()
+
+    def state_dict(self):
+        return self.module.state_dict()
+
+    def zero_grad(self):
+        self.module.zero_grad()
+
+    # -- the same start everywhere
+    def _broadcast_parameters(self) -> None:
+        """Rank 0's weights to every rank, then a check that every replica now agrees."""
+        for p in self.params:
+            broadcast(p.data, src=0, group=self.world)
+        checksums = [float(np.sum(p.data, dtype=np.float64)) for p in self.params]
+        if not self._same_everywhere(checksums):
+            raise RuntimeError("data parallel: replicas hold different weights after the broadcast")
+
+    def _check_same_buckets(self) -> None:
+        sizes = [b.buffer.size for b in self.buckets]
+        collectives.check_consistent(self.world, "ddp buckets", len(sizes), np.float64)
+        if not self._same_everywhere(sizes):
+            raise RuntimeError(f"data parallel: ranks built different gradient buckets (rank {self.world.rank}: {sizes})")
+
+    def _same_everywhere(self, values) -> bool:
+        lowest = np.array(values, dtype=np.float64)
+        highest = lowest.copy()
+        all_reduce(lowest, op="min", group=self.world)
+        all_reduce(highest, op="max", group=self.world)
+        return bool(np.array_equal(lowest, highest))
+
+    # -- gradient accumulation
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Accumulate gradients locally (micro-steps before the last one)."""
+        previous, self.require_sync = self.require_sync, False
+        try:
+            yield
+        finally:
+            self.require_sync = previous
+
+    # -- overlapped averaging, driven by gradient hooks
+    def _grad_ready(self, p) -> None:
+        if not (self.overlap and self.require_sync):
+            return
+        bucket = self._bucket_of[id(p)]
+        bucket.ready += 1
+        if bucket.ready == len(bucket.params):
+            self._launch(bucket)
+        self._progress()
+
+    def _launch(self, bucket: Bucket) -> None:
+        for i, p in enumerate(bucket.params):
+            slot = bucket.view(i)
+            if p.grad is None:
+                slot[...] = 0.0  # unused in this step: contributes nothing
+            else:
+                slot[...] = p.grad
+        bucket.started, bucket.finished = time.perf_counter(), None
+        bucket.work = self._all_reduce(bucket.buffer, async_op=True)
+
+    def _progress(self) -> None:
+        """Let in-flight all-reduces take their next steps (MPI progresses only when asked)."""
+        for b in self.buckets:
+            if b.work is not None and not getattr(b, "finished", None) and b.work.test():
+                b.finished = time.perf_counter()
+
+    def _all_reduce(self, array, async_op=False):
+        # every rank has the same buckets (checked once at start): skip the per-call check
+        previous = collectives.set_check(False)
+        try:
+            return all_reduce(array, op="avg", group=self.world, algorithm=self.algorithm, async_op=async_op)
+        finally:
+            collectives.set_check(previous)
+
+    def finish_gradient_synchronization(self) -> None:
+        """Wait for every bucket; afterwards each p.grad holds the average over all ranks."""
+        if self.world.size == 1:
+            return
+        if not self.overlap:
+            for p in self.params:  # naive: one blocking all-reduce per parameter
+                if p.grad is None:
+                    p.grad = np.zeros_like(p.data)
+                start = time.perf_counter()
+                self._all_reduce(p.grad)
+                self._record("all_reduce", start)
+            return
+        for bucket in self.buckets:
+            if bucket.work is None:  # some parameter got no gradient this step
+                self._launch(bucket)
+        for bucket in self.buckets:
+            bucket.work.wait()
+            self._record(f"bucket {bucket.index}", bucket.started, bucket.finished)
+            for i, p in enumerate(bucket.params):
+                p.grad = bucket.view(i)  # the averaged gradient, read in place
+            bucket.work, bucket.ready = None, 0
+
+    def _record(self, name: str, start, end=None) -> None:
+        if self.timeline is not None:
+            self.timeline.add(name, "comm", start, end or time.perf_counter())
+
+
+class DataParallelTrainer:
+    """The serial training step, data-parallel: each rank trains on its slice of the batch.
+
+    With `accumulation` k > 1, a rank's slice is processed in k micro-batches; gradients are
+    averaged over ranks once, after the last. global batch = micro-batch x k x dp.
+    """
+
+    name = "dp"
+
+    def __init__(self, config: GPTConfig, settings: OptimSettings, task, batch_size: int, seed: int = 0,
+                 group: World | None = None, overlap: bool = True, bucket_cap_bytes: int = 1 << 20,
+                 accumulation: int = 1, algorithm: str = "auto"):
+        self.world = resolve(group)
+        dp = self.world.size
+        if batch_size % (dp * accumulation):
+            raise ValueError(f"global batch {batch_size} is not divisible by dp={dp} x accumulation "
+                             f"steps={accumulation} = {dp * accumulation}")
+        self.task, self.batch_size, self.accumulation = task, batch_size, accumulation
+        self.settings = settings
+        self.timeline = Timeline()
+        self.model = GPT(config, seed=seed)
+        self.ddp = DistributedDataParallel(self.model, self.world, bucket_cap_bytes, overlap, algorithm,
+                                           timeline=self.timeline)
+        self.optimizer = make_optimizer(self.model, settings)
+        self.activation_bytes = 0
+
+    def step(self, step: int):
+        """One optimizer step on the global batch; returns (global mean loss, accuracy)."""
+        x, y = self.task.get_batch(step, self.batch_size, self.world.rank, self.world.size)
+        k = self.accumulation
+        micro_x, micro_y = np.array_split(x, k), np.array_split(y, k)
+        self.model.zero_grad()
+        loss_sum, acc_sum = 0.0, 0.0
+        for i in range(k):
+            sync = contextlib.nullcontext() if i == k - 1 else self.ddp.no_sync()
+            with sync:
+                with self.timeline.span(f"forward {i}", "forward"):
+                    logits, loss = self.ddp(micro_x[i], micro_y[i])
+                self.activation_bytes = max(self.activation_bytes, graph_bytes(loss))
+                with self.timeline.span(f"backward {i}", "backward"):
+                    (loss * (1.0 / k)).backward()  # the mean over micro-batches, as one big batch
+            loss_sum += loss.item()
+            acc_sum += accuracy(logits.data, micro_y[i])
+        self.ddp.finish_gradient_synchronization()
+        with self.timeline.span("optimizer", "optimizer"):
+            clip_and_step(self.optimizer, self.model.parameters(), self.settings, step)
+        stats = np.array([loss_sum / k, acc_sum / k])
+        all_reduce(stats, op="avg", group=self.world)  # every slice has as many tokens: mean of means
+        return float(stats[0]), float(stats[1])
+
+    def memory(self) -> dict:
+        ledger = memory.ledger(self.model, self.optimizer, self.activation_bytes)
+        # the flat buckets hold the averaged gradients (p.grad are views into them); during
+        # backward they exist beside the freshly computed gradients, so they add to the peak
+        ledger["buckets"] = sum(b.buffer.nbytes for b in self.ddp.buckets)
+        ledger["peak"] += ledger["buckets"]
+        return ledger
+
+    def state_dict(self) -> dict:
+        return self.model.state_dict()
