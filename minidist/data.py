@@ -90,7 +90,9 @@ def exact_match(logits, targets, ignore_index: int = IGNORE_INDEX) -> float:
     targets = np.asarray(targets)
     counted = targets != ignore_index
     wrong = (predictions != targets) & counted
-    rows = counted.reshape(len(targets), -1).any(axis=1)
+    rows = counted.reshape(len(targets), -1).any(axis=1)  # rows that have an answer at all
+    if not rows.any():
+        return float("nan")
     return float((~wrong.reshape(len(targets), -1).any(axis=1))[rows].mean())
 
 
