@@ -199,6 +199,7 @@ class Tensor:
         self._ctx: Context | None = None
         self._inputs: tuple = ()
         self._hooks: list = []
+        self._freed = False  # set when backward has consumed (and freed) the graph that made it
 
     # -- basic facts
     shape = property(lambda self: self.data.shape)
@@ -249,6 +250,9 @@ class Tensor:
         """
         if not self.requires_grad:
             raise RuntimeError("backward() on a tensor that does not require grad (was it made under no_grad()?)")
+        if self._freed:
+            raise RuntimeError("backward() through a graph that an earlier backward() already freed; "
+                               "run the forward again (gradients accumulate across backward calls)")
         if grad is None:
             if self.data.size != 1:
                 raise RuntimeError(
@@ -324,7 +328,7 @@ def _run_backward(root: Tensor, grad: np.ndarray) -> None:
         g = grads.pop(id(tensor), None)
         fn, ctx, inputs = tensor._fn, tensor._ctx, tensor._inputs
         # the graph is used once: free it (and its saved activations) as we go
-        tensor._fn, tensor._ctx, tensor._inputs = None, None, ()
+        tensor._fn, tensor._ctx, tensor._inputs, tensor._freed = None, None, (), True
         if g is None:  # no gradient reached this tensor: its inputs get none from it either
             input_grads = (None,) * len(inputs)
         elif _profile is None:
