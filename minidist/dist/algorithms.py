@@ -22,6 +22,7 @@ array bytes, N ranks; see cost.py and chapter 07):
     naive all-reduce      2(N-1) alpha + 2(N-1) S beta      (the root does all the talking)
     tree all-reduce       2 log2(N) alpha + 2 log2(N) S beta
     recursive doubling    log2(N) alpha + log2(N) S beta    (one exchange of S per round)
+    halving-doubling      2 log2(N) alpha + 2 (N-1)/N S beta  (N a power of two)
     ring all-reduce       2(N-1) alpha + 2 (N-1)/N S beta   (bandwidth-optimal)
 """
 from __future__ import annotations
@@ -149,6 +150,58 @@ def all_reduce_recursive_doubling(ctx, buf, op):
         yield [ctx.recv(tmp, partner), ctx.send(buf, partner)]
         op(buf, tmp, out=buf)  # same op on both sides: a+b == b+a exactly, so ranks agree
         mask <<= 1
+    if r < 2 * extra:
+        yield [ctx.send(buf, r - 1)]
+
+
+def all_reduce_halving_doubling(ctx, buf, op):
+    """Rabenseifner's all-reduce: a reduce-scatter by recursive *halving* (in round k, swap
+    half of what I am still responsible for with rank vr XOR P/2**k, keep and reduce the other
+    half), then an all-gather by recursive *doubling* (swap everything I hold, the blocks
+    double). The ring's bandwidth, 2(P-1)/P x S per rank, in only 2 log2(P) steps instead of
+    2(P-1). Non-powers of two fold in and out like recursive doubling."""
+    n, r = ctx.size, ctx.rank
+    p = 1 << (n.bit_length() - 1)
+    extra = n - p
+    if r < 2 * extra:
+        if r % 2 == 0:
+            yield [ctx.send(buf, r + 1)]
+            yield [ctx.recv(buf, r + 1)]
+            return
+        tmp = np.empty_like(buf)
+        yield [ctx.recv(tmp, r - 1)]
+        op(buf, tmp, out=buf)
+        vr = r // 2
+    else:
+        vr = r - extra
+
+    def real(v):
+        return 2 * v + 1 if v < extra else v + extra
+
+    bounds = chunk_bounds(buf.size, p)
+
+    def span(lo, hi):  # elements of chunks lo..hi-1
+        return bounds[lo][0], bounds[hi - 1][1]
+
+    tmp = np.empty(span(0, max(p // 2, 1))[1], dtype=buf.dtype)  # the largest half
+    lo, hi, mask = 0, p, p // 2
+    while mask >= 1:  # halving: keep the half of [lo, hi) that holds my chunk vr
+        mid = lo + mask
+        keep, give = ((mid, hi), (lo, mid)) if vr & mask else ((lo, mid), (mid, hi))
+        (ka, kb), (ga, gb) = span(*keep), span(*give)
+        incoming = tmp[: kb - ka]
+        partner = real(vr ^ mask)
+        yield [ctx.recv(incoming, partner), ctx.send(buf[ga:gb], partner)]
+        mine = buf[ka:kb]
+        op(mine, incoming, out=mine)
+        (lo, hi), mask = keep, mask // 2
+    mask = 1  # now [lo, hi) == [vr, vr + 1): my chunk is fully reduced
+    while mask < p:  # doubling: swap blocks with vr XOR mask; together they are aligned
+        plo, phi = (lo - mask, lo) if vr & mask else (hi, hi + mask)
+        (ma, mb), (pa, pb) = span(lo, hi), span(plo, phi)
+        partner = real(vr ^ mask)
+        yield [ctx.recv(buf[pa:pb], partner), ctx.send(buf[ma:mb], partner)]
+        lo, hi, mask = min(lo, plo), max(hi, phi), mask * 2
     if r < 2 * extra:
         yield [ctx.send(buf, r - 1)]
 

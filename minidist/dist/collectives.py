@@ -30,19 +30,22 @@ import numpy as np
 from mpi4py import MPI
 
 from minidist.dist import algorithms as alg
-from minidist.dist import p2p, traffic
+from minidist.dist import cost, p2p, traffic
 from minidist.dist.world import World, resolve
 
 OPS = {"sum": np.add, "avg": np.add, "max": np.maximum, "min": np.minimum}
 
-# all-reduce: below this many bytes recursive doubling (few messages) beats the ring (few
-# bytes). Measured with `python -m minidist.bench collectives` on 2 and 4 ranks (chapter 07).
-AUTO_RING_BYTES = 64 * 1024
+# algorithm="auto" picks the all-reduce the alpha-beta model (cost.py) predicts fastest, with
+# these constants, fitted by `python -m minidist.bench collectives` on a 2-core machine
+# (chapter 07). Every rank computes the same choice from the same numbers.
+AUTO_COST = dict(alpha=20e-6, beta=0.5e-9, gamma=0.1e-9)
+AUTO_CANDIDATES = ("recursive_doubling", "halving_doubling", "ring")
 
 ALL_REDUCE = {
     "naive": alg.all_reduce_naive,
     "tree": alg.all_reduce_tree,
     "recursive_doubling": alg.all_reduce_recursive_doubling,
+    "halving_doubling": alg.all_reduce_halving_doubling,
     "ring": alg.all_reduce_ring,
 }
 BROADCAST = {"tree": alg.broadcast_tree, "naive": alg.broadcast_naive}
@@ -115,8 +118,11 @@ class Work:
 
 
 def _run(steps, result, async_op):
-    work = Work(steps, result)
-    return work if async_op else work.wait()
+    if async_op:
+        return Work(steps, result)
+    for pending in steps:  # the blocking call: drive the schedule, waiting at every step
+        p2p.wait(pending)
+    return result
 
 
 def _flat(array: np.ndarray, name: str) -> np.ndarray:
@@ -172,12 +178,12 @@ def check_consistent(world: World, name: str, count: int, dtype, op: str = "", r
 def all_reduce(array: np.ndarray, op: str = "sum", group: World | None = None,
                algorithm: str = "auto", async_op: bool = False):
     """Reduce `array` over all ranks of `group`, in place; every rank gets the result.
-    algorithm: "naive", "tree", "recursive_doubling", "ring" or "auto" (recursive doubling
-    below AUTO_RING_BYTES, ring above)."""
+    algorithm: "naive", "tree", "recursive_doubling", "halving_doubling", "ring" or "auto"
+    (the one the alpha-beta model predicts fastest for this size and group: `auto_algorithm`)."""
     world, buf = resolve(group), _flat(array, "all_reduce")
     ufunc = _op(op, buf.dtype, "all_reduce")
     if algorithm == "auto":
-        algorithm = "recursive_doubling" if buf.nbytes < AUTO_RING_BYTES else "ring"
+        algorithm = auto_algorithm(buf.nbytes, world.size)
     if algorithm not in ALL_REDUCE:
         raise ValueError(f"all_reduce: unknown algorithm {algorithm!r}; choose from {sorted(ALL_REDUCE)} or 'auto'")
     if _CHECK[0]:
@@ -190,6 +196,13 @@ def all_reduce(array: np.ndarray, op: str = "sum", group: World | None = None,
             np.divide(buf, world.size, out=buf)
 
     return _run(steps(), array, async_op)
+
+
+def auto_algorithm(nbytes: int, n: int) -> str:
+    """The all-reduce algorithm="auto" uses for `nbytes` on `n` ranks: fewest steps for small
+    arrays (recursive doubling), fewest bytes in fewest steps for large ones (halving-doubling
+    when n is a power of two, else the ring)."""
+    return min(AUTO_CANDIDATES, key=lambda a: cost.predict("all_reduce", a, n, nbytes, **AUTO_COST))
 
 
 def reduce(array: np.ndarray, dst: int = 0, op: str = "sum", group: World | None = None,

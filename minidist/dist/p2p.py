@@ -20,13 +20,16 @@ collectives --wait-demo`, 4 ranks, rank 0 computes while ranks 1-3 wait for its 
     MPI's blocking Recv (spins)            about 2x as long
     minidist's polite wait (this file)     within a few % of alone
 
-The polite wait polls `Testall()`; while nothing has arrived it first gives the core away
-with `sched_yield` for a short `spin` period (cheap if nobody else needs the core, and quick
-to notice a message), then sleeps with an exponential back-off up to `max_sleep`. Every wait
+The polite wait polls `Testall()` in three phases: for the first `busy` seconds (50 us) it
+polls flat out, because inside a collective the peer is usually just a few microseconds
+behind; until `spin` (1 ms) it gives the core away with `sched_yield` between polls (cheap if
+nobody else needs the core, quick to notice a message); after that it sleeps, with an
+exponential back-off up to `max_sleep` (1 ms), so a long wait costs next to no CPU. Every wait
 has a `timeout`: instead of hanging forever it raises `CommTimeout`, naming this rank, the
 peer, the tag and what it waited for.
 
-Configure with `set_wait_policy(...)` or the environment variables MINIDIST_WAIT_SPIN,
+Configure with `set_wait_policy(...)` or the environment variables MINIDIST_WAIT_BUSY,
+MINIDIST_WAIT_SPIN,
 MINIDIST_WAIT_MAX_SLEEP (seconds), MINIDIST_TIMEOUT (seconds, default 300) and
 MINIDIST_POLITE=0 (fall back to MPI's spinning `Waitall`, for comparison).
 """
@@ -47,23 +50,24 @@ class CommTimeout(TimeoutError):
 
 
 class _Policy:
-    spin = float(os.environ.get("MINIDIST_WAIT_SPIN", "0.0005"))
+    busy = float(os.environ.get("MINIDIST_WAIT_BUSY", "0.00005"))
+    spin = float(os.environ.get("MINIDIST_WAIT_SPIN", "0.001"))
     max_sleep = float(os.environ.get("MINIDIST_WAIT_MAX_SLEEP", "0.001"))
     timeout = float(os.environ.get("MINIDIST_TIMEOUT", "300"))
     polite = os.environ.get("MINIDIST_POLITE", "1") != "0"
 
 
-def set_wait_policy(spin=None, max_sleep=None, timeout=None, polite=None) -> dict:
+def set_wait_policy(busy=None, spin=None, max_sleep=None, timeout=None, polite=None) -> dict:
     """Change how every minidist wait behaves on this rank; returns the previous policy."""
     old = wait_policy()
-    for name, value in dict(spin=spin, max_sleep=max_sleep, timeout=timeout, polite=polite).items():
+    for name, value in dict(busy=busy, spin=spin, max_sleep=max_sleep, timeout=timeout, polite=polite).items():
         if value is not None:
             setattr(_Policy, name, value)
     return old
 
 
 def wait_policy() -> dict:
-    return dict(spin=_Policy.spin, max_sleep=_Policy.max_sleep, timeout=_Policy.timeout, polite=_Policy.polite)
+    return dict(busy=_Policy.busy, spin=_Policy.spin, max_sleep=_Policy.max_sleep, timeout=_Policy.timeout, polite=_Policy.polite)
 
 
 class Request:
@@ -127,10 +131,12 @@ def wait(requests, timeout: float | None = None):
         return
     timeout = _Policy.timeout if timeout is None else timeout
     start = time.perf_counter()
-    spin_until = start + _Policy.spin
+    busy_until, spin_until = start + _Policy.busy, start + _Policy.spin
     sleep = 1e-5
     while not MPI.Request.Testall(raw):
         now = time.perf_counter()
+        if now < busy_until:
+            continue  # a message from a busy peer usually arrives within microseconds
         if now - start > timeout:
             _raise_timeout(requests, raw, now - start)
         if now < spin_until:
