@@ -1,0 +1,291 @@
+"""Tensor parallelism reproduces the serial run (chapter 6), under real mpiexec with 2 and 4 ranks.
+
+One launch per world size runs everything in float64: the split layers and the f/g functions
+against the serial layers (outputs and gradients), then a few training steps of the tied and
+the untied GPT against `SerialTrainer` (losses, final weights), the replicated gradients
+compared across ranks, the all-reduces counted per block and per step against the formula,
+and the parameter bytes per rank.
+"""
+import numpy as np
+import pytest
+
+from minidist.data import make_task
+from minidist.dist.launch import run
+from minidist.model import GPT, GPTConfig
+from minidist.tensor import default_dtype
+from minidist.train import OptimSettings, SerialTrainer
+
+CONFIG = dict(vocab_size=256, block_size=16, n_layer=2, n_head=4, n_embd=16)
+STEPS, BATCH = 3, 8
+SETTINGS = dict(lr=1e-2, steps=STEPS, warmup=1, min_lr=1e-3, clip=1.0)
+# a tight clip (0.05) so clipping really scales the gradients, as the 1.0 above may not
+VARIANTS = {"tied": dict(tie_weights=True), "untied": dict(tie_weights=False), "tied, clipped": dict(clip=0.05)}
+
+
+def _variant(name):
+    extra = dict(VARIANTS[name])
+    config = GPTConfig(**CONFIG, tie_weights=extra.pop("tie_weights", True))
+    return config, OptimSettings(**{**SETTINGS, **extra})
+
+
+def _rel(a, b):
+    """max |a - b| relative to max |b| (or to 0.01, the weights' scale, for parameters whose
+    true gradient is zero, such as k_proj.bias: their values are pure round-off)."""
+    return float(np.max(np.abs(np.asarray(a) - np.asarray(b))) / max(np.max(np.abs(b)), 1e-2))
+
+
+# ----------------------------------------------------------------------------- on every rank
+
+
+def layer_checks(world):
+    """Each TP layer against the serial layer holding the full weights: max relative differences."""
+    from minidist import functional as F
+    from minidist.nn import Embedding, Linear
+    from minidist.parallel.tensor_layers import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
+                                                 copy_to_tensor_parallel_region, reduce_from_tensor_parallel_region,
+                                                 vocab_parallel_cross_entropy)
+    from minidist.tensor import Tensor
+
+    t, r = world.size, world.rank
+    rng = np.random.default_rng(0)  # the same numbers on every rank
+    B, T, C, H, V = 2, 3, 8, 12, 16
+    cols = lambda n: slice(r * n // t, (r + 1) * n // t)  # noqa: E731
+    out = {}
+
+    # f: identity forward; backward sums the ranks' gradients. Rank r's loss is (r + 1) * sum(y).
+    x = Tensor(rng.normal(size=(B, C)), requires_grad=True)
+    y = copy_to_tensor_parallel_region(x, world)
+    (y * float(r + 1)).sum().backward()
+    out["f forward"] = _rel(y.data, x.data)
+    out["f backward"] = _rel(x.grad, np.full((B, C), t * (t + 1) / 2))
+    # g: sum forward; backward hands every rank the same gradient.
+    parts = rng.normal(size=(t, B, C))
+    x = Tensor(parts[r].copy(), requires_grad=True)
+    y = reduce_from_tensor_parallel_region(x, world)
+    R = rng.normal(size=(B, C))
+    (y * R).sum().backward()
+    out["g forward"] = _rel(y.data, parts.sum(axis=0))
+    out["g backward"] = _rel(x.grad, R)
+
+    # linear layers: the loss sum(Y * R) serially and in parallel
+    for name, kind, extra in [("column", ColumnParallelLinear, {}),
+                              ("column, gathered", ColumnParallelLinear, {"gather_output": True}),
+                              ("row", RowParallelLinear, {}),
+                              ("row, scattered input", RowParallelLinear, {"input_is_parallel": False})]:
+        serial = Linear(C, H)
+        serial.weight.data[...] = rng.normal(size=(H, C))
+        serial.bias.data[...] = rng.normal(size=H)
+        X, R = rng.normal(size=(B, T, C)), rng.normal(size=(B, T, H))
+        xs = Tensor(X, requires_grad=True)
+        (serial(xs) * R).sum().backward()
+        layer = kind(C, H, world, **extra)
+        row = kind is RowParallelLinear
+        w_index = (slice(None), cols(C)) if row else (cols(H),)
+        layer.weight.data[...] = serial.weight.data[w_index]
+        layer.bias.data[...] = serial.bias.data if row else serial.bias.data[cols(H)]
+        x_local = X[..., cols(C)] if row and layer.input_is_parallel else X
+        xp = Tensor(x_local.copy(), requires_grad=True)
+        y = layer(xp)
+        y_ref = serial(Tensor(X)).data
+        split_out = kind is ColumnParallelLinear and not layer.gather_output
+        (y * (R[..., cols(H)] if split_out else R)).sum().backward()
+        out[f"{name} output"] = _rel(y.data, y_ref[..., cols(H)] if split_out else y_ref)
+        out[f"{name} input grad"] = _rel(xp.grad, xs.grad[..., cols(C)] if x_local is not X else xs.grad)
+        out[f"{name} weight grad"] = _rel(layer.weight.grad, serial.weight.grad[w_index])
+        out[f"{name} bias grad"] = _rel(layer.bias.grad, serial.bias.grad if row else serial.bias.grad[cols(H)])
+
+    # the vocabulary split: embedding and cross-entropy
+    table = Embedding(V, C)
+    table.weight.data[...] = rng.normal(size=(V, C))
+    ids, R = rng.integers(0, V, size=(B, T)), rng.normal(size=(B, T, C))
+    (table(ids) * R).sum().backward()
+    emb = VocabParallelEmbedding(V, C, world)
+    emb.weight.data[...] = table.weight.data[cols(V)]
+    y = emb(ids)
+    (y * R).sum().backward()
+    out["embedding output"] = _rel(y.data, table(ids).data)
+    out["embedding weight grad"] = _rel(emb.weight.grad, table.weight.grad[cols(V)])
+
+    Z = rng.normal(size=(B, T, V)) * 3
+    targets = rng.integers(0, V, size=(B, T))
+    targets[0, 0] = -100  # an ignored position
+    zs = Tensor(Z, requires_grad=True)
+    loss_ref = F.cross_entropy(zs, targets)
+    loss_ref.backward()
+    zp = Tensor(Z[..., cols(V)].copy(), requires_grad=True)
+    loss = vocab_parallel_cross_entropy(zp, targets, world, r * V // t, V)
+    loss.backward()
+    out["cross-entropy loss"] = _rel(loss.data, loss_ref.data)
+    out["cross-entropy grad"] = _rel(zp.grad, zs.grad[..., cols(V)])
+    return out
+
+
+def block_counts(world):
+    """All-reduce calls of one forward and one backward, for 1 and 2 blocks: the per-block count."""
+    from minidist.dist import traffic
+    from minidist.parallel.tensor import TensorParallelGPT
+
+    task = make_task("sort", CONFIG["block_size"], seed=0)
+    x, y = task.get_batch(0, BATCH)
+    counts = {}
+    for n_layer in (1, 2):
+        model = TensorParallelGPT(GPTConfig(**{**CONFIG, "n_layer": n_layer}), world)
+        traffic.reset()
+        _, loss = model(x, y)
+        forward = _all_reduce_calls(traffic.snapshot())
+        loss.backward()
+        counts[n_layer] = (forward, _all_reduce_calls(traffic.snapshot()) - forward)
+    return counts
+
+
+def _all_reduce_calls(snapshot):
+    return sum(v["calls"] for k, v in snapshot.items() if k.startswith("all_reduce."))
+
+
+def tp_rank_program():
+    from minidist.dist import get_world, traffic
+    from minidist.parallel.tensor import TensorParallelTrainer, check_tensor_parallel, consolidate_state_dict
+
+    world = get_world()
+    with default_dtype("float64"):
+        out = {"layers": layer_checks(world), "blocks": block_counts(world)}
+        task = make_task("sort", CONFIG["block_size"], seed=0)
+        for name in VARIANTS:
+            config, settings = _variant(name)
+            trainer = TensorParallelTrainer(config, settings, task, BATCH, seed=0, group=world)
+            initial = consolidate_state_dict(trainer.local_model)
+            traffic.reset()
+            steps = [trainer.step(s) for s in range(STEPS)]
+            snap = traffic.snapshot()
+            out[name] = {
+                "steps": steps,
+                "initial": initial,
+                "state": trainer.state_dict(),
+                "replicated_grads": {k: p.grad.copy() for k, p in trainer.local_model.named_parameters()
+                                     if not getattr(p, "tensor_model_parallel", False)},
+                "memory": trainer.memory(),
+                "all_reduces": sum(v["calls"] for k, v in snap.items() if k.startswith("all_reduce.")) / STEPS,
+                "bytes_sent": sum(v["bytes_sent"] for k, v in snap.items() if k.startswith("all_reduce.")) / STEPS,
+                "other_kinds": sorted(k for k in snap if not k.startswith("all_reduce.") and k != "total"),
+            }
+        # a bad layout fails before any message (the check is arithmetic only)
+        traffic.reset()
+        try:
+            check_tensor_parallel(GPTConfig(**{**CONFIG, "n_head": 3, "n_embd": 12, "vocab_size": 255}), world.size)
+        except ValueError as error:
+            out["bad layout"] = (str(error), traffic.snapshot()["total"]["messages"])
+    return out
+
+
+# ----------------------------------------------------------------------------- the test process
+
+
+@pytest.fixture(scope="module")
+def serial():
+    results = {}
+    with default_dtype("float64"):
+        task = make_task("sort", CONFIG["block_size"], seed=0)
+        for name in VARIANTS:
+            config, settings = _variant(name)
+            trainer = SerialTrainer(config, settings, task, BATCH, seed=0)
+            initial = trainer.state_dict()
+            steps = [trainer.step(s) for s in range(STEPS)]
+            results[name] = {"steps": steps, "initial": initial, "state": trainer.state_dict()}
+    return results
+
+
+@pytest.fixture(scope="module", params=[2, 4])
+def parallel(request):
+    return request.param, run(tp_rank_program, request.param, timeout=120)
+
+
+def test_layers_and_f_g_match_serial(parallel):
+    t, results = parallel
+    for rank, result in enumerate(results):
+        for check, diff in result["layers"].items():
+            assert diff <= 1e-12, f"tp={t} rank {rank}: {check} differs from serial by {diff:.1e}"
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_tensor_parallel_equals_serial(serial, parallel, variant):
+    t, results = parallel
+    ref = serial[variant]
+    for key, value in ref["initial"].items():  # the shards are cut from the serial init
+        assert np.array_equal(results[0][variant]["initial"][key], value), f"tp={t} initial {key}"
+    for rank, result in enumerate(results):
+        got = result[variant]
+        np.testing.assert_allclose([s[0] for s in got["steps"]], [s[0] for s in ref["steps"]], rtol=1e-9,
+                                   err_msg=f"tp={t} rank {rank} {variant} losses")
+        assert [s[1] for s in got["steps"]] == [s[1] for s in ref["steps"]], f"tp={t} {variant} accuracies"
+    state = results[0][variant]["state"]
+    assert all(r[variant]["state"] is None for r in results[1:])  # consolidated on rank 0 only
+    assert list(state) == list(ref["state"])
+    for key, value in ref["state"].items():
+        assert state[key].shape == value.shape, key
+        diff = _rel(state[key], value)
+        assert diff <= 1e-9, f"tp={t} {variant}: {key} differs from serial by {diff:.1e}"
+
+
+def test_replicated_gradients_identical_on_every_rank(parallel):
+    """LayerNorms, wpe and row-parallel biases: no all-reduce keeps them in step, the f/g
+    functions do — every rank computes the same numbers from the same replicated activations."""
+    t, results = parallel
+    for variant in VARIANTS:
+        grads = results[0][variant]["replicated_grads"]
+        assert any(k.startswith("wpe") for k in grads) and any("c_proj.bias" in k for k in grads)
+        for rank in range(1, t):
+            for key, value in grads.items():
+                assert np.array_equal(results[rank][variant]["replicated_grads"][key], value), (t, rank, variant, key)
+
+
+def test_two_all_reduces_per_block_forward_and_backward(parallel):
+    t, results = parallel
+    for result in results:
+        (f1, b1), (f2, b2) = result["blocks"][1], result["blocks"][2]
+        assert (f2 - f1, b2 - b1) == (2, 2), result["blocks"]
+        # outside the blocks: forward the embedding's g and the loss's two; backward the head's f
+        assert (f1 - 2, b1 - 2) == (3, 1), result["blocks"]
+
+
+def test_traffic_per_step_matches_formula(parallel):
+    from minidist.parallel.tensor import traffic_per_step
+
+    t, results = parallel
+    for variant in VARIANTS:
+        config, _ = _variant(variant)
+        expected = traffic_per_step(config, BATCH, t, itemsize=8)
+        for result in results:
+            got = result[variant]
+            assert got["all_reduces"] == expected["all_reduces"] == 4 * config.n_layer + 7
+            assert got["bytes_sent"] == expected["bytes_sent"], (t, variant, got["bytes_sent"], expected)
+            assert got["other_kinds"] == [], got["other_kinds"]  # no check, no gather during steps
+
+
+def test_parameter_bytes_per_rank(parallel):
+    from minidist.parallel.tensor import parameter_counts
+
+    t, results = parallel
+    for variant in VARIANTS:
+        config, _ = _variant(variant)
+        counts = parameter_counts(config, t)
+        assert counts["split"] + counts["replicated"] == GPT(config).num_parameters()
+        for result in results:
+            assert result[variant]["memory"]["params"] == 8 * counts["per_rank"]
+            assert result[variant]["memory"]["optimizer"] == 2 * 8 * counts["per_rank"]
+
+
+def test_bad_layout_names_the_sizes_before_any_message(parallel):
+    t, results = parallel
+    for result in results:
+        message, messages = result["bad layout"]
+        assert messages == 0
+        assert message.startswith(f"tensor parallel: n_head=3, vocab_size=255 not divisible by tp={t}"), message
+
+
+def test_check_names_every_size():
+    from minidist.parallel.tensor import check_tensor_parallel
+
+    config = GPTConfig(vocab_size=256, n_head=2, n_embd=10)  # 4 x 10 = 40: not divisible by 3
+    with pytest.raises(ValueError, match=r"n_head=2, 4\*n_embd=40, vocab_size=256 not divisible by tp=3"):
+        check_tensor_parallel(config, 3)
+    check_tensor_parallel(GPTConfig(), 4)  # the demo's default model splits over 4
