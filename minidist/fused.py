@@ -11,6 +11,7 @@ Shapes follow PyTorch: `linear` weights are (out_features, in_features); attenti
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -109,7 +110,9 @@ class LayerNorm(Function):
         xhat = xc
         xhat *= rstd
         ctx.save_for_backward(xhat, rstd, weight)
-        return xhat * weight + bias
+        y = xhat * weight
+        y += bias
+        return y
 
     @staticmethod
     def backward(ctx, g):
@@ -119,8 +122,9 @@ class LayerNorm(Function):
         gb = g.reshape(-1, n).sum(axis=0) if ctx.needs_input_grad[2] else None
         gh = g * weight
         inv_n = 1.0 / n
-        gx = gh - gh.mean(axis=-1, keepdims=True)
-        gx -= xhat * (np.einsum("...i,...i->...", gh, xhat)[..., None] * inv_n)
+        gx = xhat * (np.einsum("...i,...i->...", gh, xhat)[..., None] * inv_n)
+        gx += gh.mean(axis=-1, keepdims=True)
+        np.subtract(gh, gx, out=gx)
         gx *= rstd
         return gx, gw, gb, None
 
@@ -142,18 +146,38 @@ class GELU(Function):
     (x*x*x, never x**3: NumPy's power is ~200x slower here.)
     """
 
+    # Both directions work in place on two temporaries: each pass over a large array costs
+    # about as much as the arithmetic, so fewer temporaries is faster (measured: 5.0 -> 3.6 ms
+    # per call at the demo's size).
+
     @staticmethod
     def forward(ctx, x):
-        x2 = x * x
-        t = np.tanh(_GELU_C * x * (1.0 + 0.044715 * x2))
+        t = x * x
+        t *= 0.044715 * _GELU_C
+        t += _GELU_C
+        t *= x                       # u = c (x + 0.044715 x^3)
+        np.tanh(t, out=t)            # t = tanh(u)
+        y = t + 1.0
+        y *= x
+        y *= 0.5
         ctx.save_for_backward(x, t)
-        return 0.5 * x * (1.0 + t)
+        return y
 
     @staticmethod
     def backward(ctx, g):
         x, t = ctx.saved
-        du = _GELU_C * (1.0 + 3 * 0.044715 * (x * x))
-        return (g * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du),)
+        d = t * t
+        np.subtract(1.0, d, out=d)                     # 1 - t^2
+        s = x * x
+        s *= 3 * 0.044715 * 0.5 * _GELU_C
+        s += 0.5 * _GELU_C                             # 0.5 c (1 + 3 * 0.044715 x^2)
+        d *= s
+        d *= x                                         # 0.5 x (1 - t^2) du/dx
+        np.multiply(t, 0.5, out=s)
+        d += s
+        d += 0.5                                       # + 0.5 (1 + t)
+        d *= g
+        return (d,)
 
 
 def gelu(x):
@@ -227,10 +251,8 @@ class ScaledDotProductAttention(Function):
         d = q.shape[-1]
         scores = q @ np.swapaxes(k, -1, -2)
         scores *= 1.0 / math.sqrt(d)
-        if causal:
-            t_q, t_k = scores.shape[-2:]
-            future = np.triu(np.ones((t_q, t_k), dtype=bool), k=1 + t_k - t_q)
-            scores[..., future] = -np.inf
+        if causal:  # adding -inf above the diagonal: one pass, where boolean indexing takes several
+            scores += _causal_mask(*scores.shape[-2:], scores.dtype)
         weights = _softmax_array(scores, -1)
         mask = None
         if dropout_p > 0.0:
@@ -256,6 +278,15 @@ class ScaledDotProductAttention(Function):
         gq = gs @ k
         gk = np.swapaxes(gs, -1, -2) @ q
         return gq, gk, gv, None, None, None
+
+
+@functools.lru_cache(maxsize=16)
+def _causal_mask(t_q: int, t_k: int, dtype) -> np.ndarray:
+    """0 where query i may see key j (j <= i, aligned at the end), -inf where it may not."""
+    future = np.triu(np.ones((t_q, t_k), dtype=bool), k=1 + t_k - t_q)
+    mask = np.where(future, -np.inf, 0.0).astype(dtype)
+    mask.flags.writeable = False
+    return mask
 
 
 def scaled_dot_product_attention(q, k, v, causal=True, dropout_p=0.0, rng=None):
