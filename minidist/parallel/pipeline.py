@@ -1,0 +1,312 @@
+"""Model parallelism and pipeline parallelism (模型并行, 流水线并行): the GPT cut by layers.
+
+Chapters 4 and 5. The one idea: give each of p ranks a consecutive slice of the layers (a
+*stage*) and pass the activations forward and their gradients backward between neighbours
+with point-to-point messages. Stage 0 also holds the embeddings; the last stage the final
+LayerNorm, the LM head and the loss.
+
+- Chapter 4, **naive model parallelism**: the whole batch goes through stage 0, then stage 1,
+  ...; then backward comes back the same way. Each rank holds 1/p of the layers, but only one
+  rank works at any moment. That is this file with `microbatches=1`: no separate code.
+- Chapter 5, **pipeline parallelism**: cut the batch into m micro-batches, so stage 0 can start
+  micro-batch 1 while stage 1 works on micro-batch 0. Who does what in which order is a
+  *schedule* — GPipe or 1F1B — a list of instructions per rank made in `schedules.py`; the
+  engine here (`PipelineTrainer._run`) simply executes that list. The idle time left, the
+  *bubble*, is (p - 1) / (m + p - 1) of the step.
+
+Parallel equals serial: each stage builds only its own parameters, with the serial GPT's names
+(`h.2.attn.q_proj.weight` ...), so `init_weights` draws the very numbers the serial model starts
+from. Each micro-batch's mean loss is scaled by 1/m before backward, so the accumulated
+gradient is the gradient of the whole batch's mean loss. With tied embeddings the first stage
+(embedding) and the last (head) each hold a copy of `wte.weight`; after backward the two sum
+their gradients (as Megatron-LM does), so both copies take the same update and stay equal.
+Clipping needs the global gradient norm: every stage adds its squared norm (the tied weight
+counted once) in an all-reduce. (Dropout > 0 draws different masks per micro-batch: such runs
+train fine but do not match the serial run bit for bit.)
+
+Messages are posted (`isend`) and received with minidist's polite wait, recorded in the
+timeline as "wait": on a 2-core machine a spinning wait would steal the core from the rank that
+computes, and the measured bubble would be wrong.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from minidist import memory
+from minidist.data import accuracy
+from minidist.dist import all_reduce, irecv, isend, sendrecv, wait
+from minidist.dist.world import World, resolve
+from minidist.model import GPT, Block, GPTConfig, init_weights
+from minidist.nn import Dropout, Embedding, LayerNorm, Linear, Module
+from minidist.optim import set_lr
+from minidist.parallel import schedules as S
+from minidist.tensor import Tensor, graph_bytes
+from minidist.timeline import Timeline
+from minidist.train import OptimSettings, make_optimizer
+
+TIED_TAG = 1 << 20  # above every activation/gradient tag (2 * micro + direction)
+
+
+def partition(n_layer: int, stages: int) -> list[tuple[int, int]]:
+    """Balanced layer ranges [start, end) per stage; the first n_layer % p stages get one more
+    (the last stage also runs the head and the loss, so it is the one to keep light)."""
+    sizes = [n_layer // stages + (r < n_layer % stages) for r in range(stages)]
+    bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
+    return [(int(bounds[r]), int(bounds[r + 1])) for r in range(stages)]
+
+
+def check_layout(config: GPTConfig, batch_size: int, stages: int, microbatches: int, schedule: str) -> None:
+    """Every way the layout can be wrong, found identically on every rank before any message."""
+    if schedule not in S.SCHEDULES:
+        raise ValueError(f"unknown pipeline schedule {schedule!r}; choose from {sorted(S.SCHEDULES)}")
+    if microbatches < 1:
+        raise ValueError(f"microbatches must be >= 1, got {microbatches}")
+    if stages > config.n_layer:
+        raise ValueError(f"pipeline of pp={stages} stages needs at least {stages} layers, but the model has "
+                         f"n_layer={config.n_layer}: each stage must hold at least one block")
+    if batch_size % microbatches:
+        raise ValueError(f"global batch {batch_size} does not split into {microbatches} micro-batches "
+                         f"({batch_size} % {microbatches} = {batch_size % microbatches})")
+
+
+class Layers(Module):
+    """Blocks start..end-1, named by their index in the whole model (`h.2`, `h.3`), as in GPT."""
+
+    def __init__(self, blocks: dict):
+        self._items = list(blocks.values())
+        for i, block in blocks.items():
+            setattr(self, str(i), block)
+
+    def __iter__(self):
+        return iter(self._items)
+
+
+class PipelineStage(Module):
+    """The part of the GPT that stage `rank` of `stages` holds, with the serial model's names."""
+
+    def __init__(self, config: GPTConfig, rank: int, stages: int, seed: int = 0):
+        self.config = config
+        self.first, self.last = rank == 0, rank == stages - 1
+        c, v = config.n_embd, config.vocab_size
+        if self.first:
+            self.wte = Embedding(v, c)
+            self.wpe = Embedding(config.block_size, c)
+            self.drop = Dropout(config.dropout, seed=seed)
+        elif self.last and config.tie_weights:
+            self.wte = Embedding(v, c)  # the head's copy of the tied weight: same name, same numbers
+        start, end = partition(config.n_layer, stages)[rank]
+        self.h = Layers({i: Block(config, seed=seed + 2 * (i + 1)) for i in range(start, end)})
+        if self.last:
+            self.ln_f = LayerNorm(c)
+            if not config.tie_weights:
+                self.lm_head = Linear(c, v, bias=False)
+        init_weights(self, seed, n_layer=config.n_layer)
+
+    def tied_copy(self):
+        """The last stage's copy of the tied wte.weight when it is a second copy (p > 1), else None.
+        (A method, not an attribute: a Parameter attribute would show up in named_parameters.)"""
+        return self.wte.weight if (self.last and not self.first and self.config.tie_weights) else None
+
+    def forward(self, x, targets=None):
+        """Token ids (first stage) or activations in; activations, or (logits, loss) on the last."""
+        if self.first:
+            x = GPT.embed(self, x)  # the serial model's own code, on this stage's modules
+        for block in self.h:
+            x = block(x)
+        return GPT.head(self, x, targets) if self.last else x
+
+
+class PipelineTrainer:
+    """The serial training step, with the model cut into stages over the ranks of `group`.
+
+    `microbatches=1` is naive model parallelism (chapter 4); m > 1 with `schedule` "gpipe" or
+    "1f1b" is pipeline parallelism (chapter 5). `step` returns the same (loss, accuracy) on every
+    rank; `state_dict` (a collective: call it on every rank) gives rank 0 the whole model.
+    """
+
+    model = None  # no rank holds the whole model (the demo samples text only from a full one)
+
+    def __init__(self, config: GPTConfig, settings: OptimSettings, task, batch_size: int, seed: int = 0,
+                 group: World | None = None, microbatches: int = 1, schedule: str = "1f1b"):
+        world = resolve(group)
+        check_layout(config, batch_size, world.size, microbatches, schedule)
+        self.config, self.settings, self.task = config, settings, task
+        self.batch_size, self.microbatches, self.schedule_name = batch_size, microbatches, schedule
+        self.name = "mp" if microbatches == 1 else f"pp-{schedule}"
+        self.group = world.split(0)  # a communicator of our own: our tags meet nobody else's
+        self.rank, self.stages = self.group.rank, self.group.size
+        self.schedule = S.make_schedule(schedule, self.rank, self.stages, microbatches)
+        self.stage = PipelineStage(config, self.rank, self.stages, seed)
+        self.dtype = self.stage.parameters()[0].dtype  # activations travel in the model's dtype
+        self.optimizer = make_optimizer(self.stage, settings)
+        self.timeline = Timeline()
+        self.bubbles: list[float] = []  # measured per step
+        self.peak_count = [0] * self.stages  # most micro-batches of activations held, per rank
+        self.peak_bytes = [0] * self.stages
+
+    # -- one step ------------------------------------------------------------------------------
+    def step(self, step: int):
+        """One optimizer step on the global batch; returns (global mean loss, accuracy)."""
+        x, y = self.task.get_batch(step, self.batch_size)  # every rank: cheap, and gives the shapes
+        m = self.microbatches
+        self.micro_x, self.micro_y = np.split(x, m), np.split(y, m)
+        self.act_shape = (self.batch_size // m, x.shape[1], self.config.n_embd)
+        self.inputs, self.outputs, self.grads_in, self.held = {}, {}, {}, {}
+        self.sends, self.losses, self.accuracies = [], [], []
+        self.count = self.bytes = self.step_peak_count = self.step_peak_bytes = 0
+        self.step_index, self.mark = step, len(self.timeline.events)
+        self.stage.zero_grad()
+        for instruction in self.schedule:  # the engine: any schedule, read top to bottom
+            getattr(self, "_" + instruction.kind)(instruction.micro)
+        return self._share_results()
+
+    def _forward(self, i: int):
+        with self.timeline.span(f"forward {i}", "forward"):
+            if self.stage.last:
+                logits, loss = self.stage(self.micro_x[i] if self.stage.first else self.inputs[i], self.micro_y[i])
+                self.losses.append(loss.item())
+                self.accuracies.append(accuracy(logits.data, self.micro_y[i]))
+                out = loss * (1.0 / self.microbatches)  # mean over micro-batches = mean over the batch
+            else:
+                out = self.stage(self.micro_x[i] if self.stage.first else self.inputs[i])
+            self.outputs[i] = out
+            # activations this micro-batch holds until its backward: the graph, plus its input
+            self.held[i] = graph_bytes(out) + (0 if self.stage.first else self.inputs[i].data.nbytes)
+        self.count, self.bytes = self.count + 1, self.bytes + self.held[i]
+        self.step_peak_count = max(self.step_peak_count, self.count)
+        self.step_peak_bytes = max(self.step_peak_bytes, self.bytes)
+        self._progress()
+
+    def _backward(self, i: int):
+        with self.timeline.span(f"backward {i}", "backward"):
+            out = self.outputs.pop(i)  # dropping it frees this micro-batch's graph
+            if self.stage.last:
+                out.backward()
+            else:
+                out.backward(self.grads_in.pop(i))
+        self.count, self.bytes = self.count - 1, self.bytes - self.held.pop(i)
+        self._progress()
+
+    # -- messages: activations forward (tag 2i), their gradients backward (tag 2i + 1)
+    def _recv_act(self, i: int):
+        self.inputs[i] = Tensor(self._recv(f"recv act {i}", self.rank - 1, 2 * i), requires_grad=True)
+
+    def _send_act(self, i: int):
+        self._send(self.outputs[i].data, self.rank + 1, 2 * i)
+
+    def _recv_grad(self, i: int):
+        self.grads_in[i] = self._recv(f"recv grad {i}", self.rank + 1, 2 * i + 1)
+
+    def _send_grad(self, i: int):
+        self._send(self.inputs.pop(i).grad, self.rank - 1, 2 * i + 1)
+
+    def _recv(self, name: str, src: int, tag: int) -> np.ndarray:
+        buffer = np.empty(self.act_shape, dtype=self.dtype)
+        start = time.perf_counter()
+        wait(irecv(buffer, src, tag, self.group, kind="pipeline"))  # polite: sleeps, does not spin
+        self.timeline.add(name, "wait", start, time.perf_counter())
+        return buffer
+
+    def _send(self, array: np.ndarray, dst: int, tag: int):
+        array = np.ascontiguousarray(array)
+        # posted, not waited for: a blocking send deadlocks 1F1B (see schedules.py); the array
+        # stays referenced here until the message is gone
+        self.sends.append((isend(array, dst, tag, self.group, kind="pipeline"), array))
+
+    def _progress(self):
+        """MPI moves a large message only while the sender calls into MPI: poke it after compute."""
+        self.sends = [(r, a) for r, a in self.sends if not r.test()]
+
+    # -- the end of the step: sync the tied weight, clip by the global norm, update
+    def _step(self, _micro: int):
+        start = time.perf_counter()
+        wait([r for r, _ in self.sends])
+        self.sends = []
+        self.timeline.add("wait sends", "wait", start, time.perf_counter())
+        with self.timeline.span("sync tied + norm", "comm"):
+            self._sync_tied_weight()
+            total = self._global_grad_norm() if self.settings.clip else float("nan")
+        with self.timeline.span("optimizer", "optimizer"):
+            if self.settings.clip:
+                scale = self.settings.clip / (total + 1e-6)  # as optim.clip_grad_norm_
+                if scale < 1.0:
+                    for p in self.stage.parameters():
+                        if p.grad is not None:
+                            p.grad *= scale
+            set_lr(self.optimizer, self.settings.lr_at(self.step_index))
+            self.optimizer.step()
+
+    def _sync_tied_weight(self):
+        """First and last stage add their halves of wte's gradient (embedding + head)."""
+        if not self.config.tie_weights or self.stages == 1 or not (self.stage.first or self.stage.last):
+            return
+        weight = self.stage.wte.weight
+        mine = weight.grad if weight.grad is not None else np.zeros_like(weight.data)
+        theirs = np.empty_like(mine)
+        peer = self.stages - 1 if self.stage.first else 0
+        sendrecv(mine, peer, theirs, peer, TIED_TAG, self.group)
+        weight.grad = mine + theirs  # a + b == b + a exactly: both copies get the same bits
+
+    def _global_grad_norm(self) -> float:
+        params = [p for p in self.stage.parameters() if p is not self.stage.tied_copy()]  # tied: count once
+        squared = np.array([sum(float(np.dot(p.grad.ravel(), p.grad.ravel())) for p in params
+                                if p.grad is not None)])
+        all_reduce(squared, op="sum", group=self.group)
+        return math.sqrt(squared[0])
+
+    def _share_results(self):
+        """Loss and accuracy (from the last stage), the bubble and peaks: the same on every rank."""
+        p, m = self.stages, self.microbatches
+        work = [e for e in self.timeline.events[self.mark:] if e[1] in ("forward", "backward")]
+        totals = np.zeros(3 + 2 * p)
+        if self.stage.last:
+            totals[0], totals[1] = sum(self.losses) / m, sum(self.accuracies) / m  # equal token counts
+        totals[2] = sum(end - start for _, _, start, end in work)
+        totals[3 + self.rank], totals[3 + p + self.rank] = self.step_peak_count, self.step_peak_bytes
+        all_reduce(totals, op="sum", group=self.group)
+        # one clock for all ranks on one machine (timeline.py): the span of the whole pipeline
+        span = np.array([-min(e[2] for e in work), max(e[3] for e in work)])
+        all_reduce(span, op="max", group=self.group)
+        self.bubbles.append(1.0 - totals[2] / (p * (span[0] + span[1])))
+        self.peak_count = [max(a, int(b)) for a, b in zip(self.peak_count, totals[3:3 + p])]
+        self.peak_bytes = [max(a, int(b)) for a, b in zip(self.peak_bytes, totals[3 + p:])]
+        return float(totals[0]), float(totals[1])
+
+    # -- reports -------------------------------------------------------------------------------
+    def step_events(self) -> list[tuple]:
+        """This rank's timeline events of the last step (for a Gantt chart of one step)."""
+        return list(self.timeline.events[self.mark:])
+
+    def pipeline_report(self) -> dict:
+        """The demo's `pipeline` JSON: the bubble measured (median over steps after the first)
+        against (p - 1) / (m + p - 1), and each rank's peak activations. No messages."""
+        measured = self.bubbles[1:] or self.bubbles
+        return {"schedule": self.schedule_name, "stages": self.stages, "microbatches": self.microbatches,
+                "bubble_measured": float(np.median(measured)) if measured else None,
+                "bubble_theory": S.bubble_theory(self.stages, self.microbatches),
+                "peak_activations": [{"rank": r, "microbatches": c, "bytes": b}
+                                     for r, (c, b) in enumerate(zip(self.peak_count, self.peak_bytes))]}
+
+    def memory(self) -> dict:
+        """This rank's ledger: its stage's params, grads, optimizer, and its peak activations."""
+        return memory.ledger(self.stage, self.optimizer, self.peak_bytes[self.rank])
+
+    def num_parameters(self) -> int:
+        """Parameters of the whole model (the tied weight once), as `GPT.num_parameters()`."""
+        return memory.param_count(self.config)
+
+    def state_dict(self) -> dict:
+        """Collective. Rank 0 gets the whole model's state dict (serial keys and shapes); the
+        other ranks get their own stage's part."""
+        mine = self.stage.state_dict()
+        parts = self.group.comm.gather(mine, root=0)  # small and once: the pickle API is fine
+        if self.rank != 0:
+            return mine
+        full = {}
+        for part in parts:
+            for key, value in part.items():
+                full.setdefault(key, value)  # the tied copy on the last stage equals the first's
+        return full

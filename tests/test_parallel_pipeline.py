@@ -1,0 +1,170 @@
+"""Model and pipeline parallelism reproduce the serial run (chapters 4 and 5), under real mpiexec.
+
+One launch per world size (pp = 2, 4) runs every variant — GPipe and 1F1B with m = 1, 2, 4, 8
+micro-batches, and untied embeddings — for a few float64 steps (gradient clipping is active:
+the serial norms are 2.3, 1.7, 1.5 > 1). The serial reference runs here, in the test process.
+"""
+import numpy as np
+import pytest
+
+from minidist.data import make_task
+from minidist.dist.launch import RankError, run
+from minidist.model import GPTConfig
+from minidist.parallel.pipeline import check_layout, partition
+from minidist.parallel.schedules import make_schedule, peak_in_flight
+from minidist.tensor import default_dtype
+from minidist.train import OptimSettings, SerialTrainer
+
+CONFIG = dict(vocab_size=256, block_size=16, n_layer=4, n_head=2, n_embd=16)
+STEPS, BATCH = 3, 8
+SETTINGS = dict(lr=1e-2, steps=STEPS, warmup=1, min_lr=1e-3, clip=1.0)
+VARIANTS = [(s, m, True) for s in ("gpipe", "1f1b") for m in (1, 2, 4, 8)] + [("1f1b", 4, False)]
+
+
+def name(variant):
+    schedule, m, tied = variant
+    return f"{schedule} m={m}" + ("" if tied else " untied")
+
+
+def pp_rank_program(variants):
+    from minidist.dist import get_world
+    from minidist.parallel.pipeline import PipelineTrainer
+
+    out = {}
+    with default_dtype("float64"):
+        task = make_task("sort", CONFIG["block_size"], seed=0)
+        for schedule, m, tied in variants:
+            trainer = PipelineTrainer(GPTConfig(**CONFIG, tie_weights=tied), OptimSettings(**SETTINGS), task, BATCH,
+                                      seed=0, group=get_world(), microbatches=m, schedule=schedule)
+            results = [trainer.step(s) for s in range(STEPS)]
+            out[name((schedule, m, tied))] = {"results": results, "state": trainer.state_dict(),
+                                              "report": trainer.pipeline_report(), "memory": trainer.memory(),
+                                              "events": trainer.step_events(), "model": trainer.model}
+        errors = []
+        for config, batch, m in [(dict(CONFIG, n_layer=get_world().size - 1), 8, 2), (CONFIG, 6, 4)]:
+            try:
+                PipelineTrainer(GPTConfig(**config), OptimSettings(**SETTINGS), task, batch, microbatches=m)
+            except ValueError as error:
+                errors.append(str(error))
+        out["errors"] = errors
+    return out
+
+
+def serial_reference(tied):
+    with default_dtype("float64"):
+        task = make_task("sort", CONFIG["block_size"], seed=0)
+        trainer = SerialTrainer(GPTConfig(**CONFIG, tie_weights=tied), OptimSettings(**SETTINGS), task, BATCH, seed=0)
+        results = [trainer.step(s) for s in range(STEPS)]
+        return results, trainer.state_dict()
+
+
+@pytest.fixture(scope="module")
+def serial():
+    return {tied: serial_reference(tied) for tied in (True, False)}
+
+
+@pytest.fixture(scope="module", params=[2, 4])
+def parallel(request):
+    return request.param, run(pp_rank_program, request.param, VARIANTS, timeout=240)
+
+
+def relative_difference(a, b):
+    """As in test_parallel_data: relative to max |b|, or 0.01 for parameters whose true gradient
+    is zero (attention's k_proj.bias) and whose values are pure round-off."""
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-2))
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=name)
+def test_pipeline_equals_serial(serial, parallel, variant):
+    n, results = parallel
+    serial_results, serial_state = serial[variant[2]]
+    full = results[0][name(variant)]["state"]
+    assert list(full) == list(serial_state), "rank 0 must hold the whole model, with the serial keys in order"
+    for rank, result in enumerate(results):
+        got = result[name(variant)]
+        # losses and accuracies: the same on every rank, equal to serial
+        np.testing.assert_allclose(np.array(got["results"]), np.array(serial_results), rtol=1e-9,
+                                   err_msg=f"pp={n} rank {rank} {name(variant)}")
+        state = full if rank == 0 else got["state"]  # other ranks: their own stage's part
+        for key, value in state.items():
+            diff = relative_difference(value, serial_state[key])
+            assert diff <= 1e-9, f"pp={n} rank {rank} {name(variant)}: {key} differs from serial by {diff:.2e}"
+        assert got["model"] is None
+
+
+def test_stages_hold_their_layers_and_the_tied_copy(parallel):
+    n, results = parallel
+    for rank, result in enumerate(results):
+        state = result["gpipe m=1"]["state"] if rank else None
+        if rank == 0:
+            continue
+        start, end = partition(CONFIG["n_layer"], n)[rank]
+        layers = {int(k.split(".")[1]) for k in state if k.startswith("h.")}
+        assert layers == set(range(start, end))
+        assert ("wte.weight" in state) == (rank == n - 1)  # the head's copy of the tied embedding
+        if rank == n - 1:  # kept equal to the first stage's copy by summing their gradients
+            assert np.array_equal(state["wte.weight"], results[0]["gpipe m=1"]["state"]["wte.weight"])
+
+
+@pytest.mark.parametrize("variant", VARIANTS[:-1], ids=name)
+def test_peak_activations_gpipe_m_1f1b_p_minus_rank(parallel, variant):
+    n, results = parallel
+    schedule, m, _ = variant
+    report = results[0][name(variant)]["report"]
+    assert report["schedule"] == schedule and report["microbatches"] == m and report["stages"] == n
+    counts = [a["microbatches"] for a in report["peak_activations"]]
+    assert counts == [peak_in_flight(make_schedule(schedule, r, n, m)) for r in range(n)]
+    assert counts == ([m] * n if schedule == "gpipe" else [min(m, n - r) for r in range(n)])
+    for rank, result in enumerate(results):
+        assert result[name(variant)]["report"] == report  # the same report on every rank
+        assert result[name(variant)]["memory"]["activations"] == report["peak_activations"][rank]["bytes"] > 0
+    if schedule == "1f1b":  # fewer micro-batches held means fewer bytes: compare with GPipe's
+        gpipe = results[0][f"gpipe m={m}"]["report"]["peak_activations"]
+        for r, (a, g) in enumerate(zip(report["peak_activations"], gpipe)):
+            assert a["bytes"] * g["microbatches"] == g["bytes"] * a["microbatches"], (r, a, g)
+
+
+def test_naive_model_parallelism_one_rank_works_at_a_time(parallel):
+    """m = 1: stage r + 1 cannot start before stage r has sent it the batch, so the compute of
+    different ranks never overlaps, and each rank idles at least (p - 1) / p of the span...
+    as measured from the real timeline (a statement about causality, not about speed)."""
+    n, results = parallel
+    work = sorted((e[2], e[3]) for result in results for e in result["gpipe m=1"]["events"]
+                  if e[1] in ("forward", "backward"))
+    assert len(work) == 2 * n
+    assert all(a[1] <= b[0] for a, b in zip(work, work[1:]))
+    report = results[0]["gpipe m=1"]["report"]
+    assert report["bubble_theory"] == pytest.approx((n - 1) / n)
+    assert report["bubble_measured"] >= (n - 1) / n - 1e-9  # equal only with no message latency at all
+    assert any(e[1] == "wait" for e in results[n - 1]["gpipe m=1"]["events"])
+
+
+def test_bad_layouts_fail_on_every_rank_before_any_message(parallel):
+    n, results = parallel
+    for result in results:
+        assert result["errors"] == [
+            f"pipeline of pp={n} stages needs at least {n} layers, but the model has n_layer={n - 1}: "
+            "each stage must hold at least one block",
+            "global batch 6 does not split into 4 micro-batches (6 % 4 = 2)"]
+
+
+def test_check_layout_without_mpi():
+    config = GPTConfig(**CONFIG)
+    check_layout(config, 8, 4, 8, "1f1b")
+    with pytest.raises(ValueError, match="unknown pipeline schedule 'interleaved'"):
+        check_layout(config, 8, 2, 2, "interleaved")
+    with pytest.raises(ValueError, match="microbatches must be >= 1"):
+        check_layout(config, 8, 2, 0, "gpipe")
+    assert partition(5, 2) == [(0, 3), (3, 5)] and partition(4, 4) == [(0, 1), (1, 2), (2, 3), (3, 4)]
+
+
+def test_rank_error_names_the_problem():
+    with pytest.raises(RankError, match="does not split into 3 micro-batches"):
+        run(_bad_batch_program, 2, timeout=60, echo=False)
+
+
+def _bad_batch_program():
+    from minidist.parallel.pipeline import PipelineTrainer
+
+    task = make_task("sort", CONFIG["block_size"], seed=0)
+    PipelineTrainer(GPTConfig(**CONFIG), OptimSettings(**SETTINGS), task, 8, microbatches=3)
