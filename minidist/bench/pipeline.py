@@ -1,0 +1,90 @@
+"""Benchmark: the pipeline bubble measured against (p - 1) / (m + p - 1) (chapters 4 and 5).
+
+    mpirun -n 2 python -m minidist.bench pipeline [--microbatches 1,2,4,8] [--schedules gpipe,1f1b]
+                                                  [--steps 4] [--json PATH]
+
+For each schedule and micro-batch count m it trains the demo's GPT for a few steps on the
+ranks of the job (one pipeline stage per rank) and prints the bubble measured from the real
+timeline (median over steps after the first) beside the theory, the step time, and the peak
+activations each rank held (in micro-batches and MB). The bubble is
+1 - (sum of forward and backward time on all ranks) / (p x span of the step's compute).
+
+Why measured exceeds theory: the theory assumes free messages and equal stages. Here each
+message costs time, the last stage also runs the LM head and the loss, and the per-call
+Python overhead of a small micro-batch does not shrink with it. On a 2-core machine with 4
+ranks, two ranks share a core: their compute stretches, so use p = 2 for a clean figure.
+
+`measure(...)` is the rank program; notebooks call it through `minidist.dist.launch.run`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+
+from minidist.data import make_task
+from minidist.model import GPTConfig
+from minidist.train import OptimSettings
+
+DEFAULT_CONFIG = dict(vocab_size=256, block_size=64, n_layer=4, n_head=4, n_embd=128)
+
+
+def measure(schedules=("gpipe", "1f1b"), microbatches=(1, 2, 4, 8), steps: int = 4, batch_size: int = 16,
+            config: dict | None = None, dtype: str = "float32") -> list[dict]:
+    """Rank program: one record per (schedule, m), with this rank's events of the last step."""
+    from minidist.dist import get_world
+    from minidist.parallel.pipeline import PipelineTrainer
+    from minidist.tensor import default_dtype
+
+    config = GPTConfig(**(config or DEFAULT_CONFIG))
+    records = []
+    with default_dtype(dtype):
+        task = make_task("sort", config.block_size, seed=0)
+        for schedule in schedules:
+            for m in microbatches:
+                trainer = PipelineTrainer(config, OptimSettings(lr=1e-3, steps=steps), task, batch_size,
+                                          group=get_world(), microbatches=m, schedule=schedule)
+                seconds = []
+                for s in range(steps):
+                    start = time.perf_counter()
+                    trainer.step(s)
+                    seconds.append(time.perf_counter() - start)
+                report = trainer.pipeline_report()
+                records.append({**report, "step_seconds": float(np.median(seconds[1:] or seconds)),
+                                "bubble_per_step": trainer.bubbles, "events": trainer.step_events(),
+                                "memory": trainer.memory()})
+    return records
+
+
+def print_table(records) -> None:
+    p = records[0]["stages"]
+    print(f"pipeline of p={p} stages (one per rank); bubble = idle share of the step's compute span")
+    print(f"{'schedule':9s} {'m':>3s} {'measured':>9s} {'theory':>7s} {'step ms':>8s}  peak activations per rank")
+    for r in records:
+        peaks = "  ".join(f"{a['microbatches']} ({a['bytes'] / 1e6:.1f} MB)" for a in r["peak_activations"])
+        print(f"{r['schedule']:9s} {r['microbatches']:3d} {r['bubble_measured']:9.3f} {r['bubble_theory']:7.3f} "
+              f"{r['step_seconds'] * 1e3:8.1f}  {peaks}")
+
+
+def main(argv=None):
+    from minidist.dist import faults, get_world
+
+    faults.install()
+    parser = argparse.ArgumentParser(prog="python -m minidist.bench pipeline", description=__doc__.split("\n")[0])
+    parser.add_argument("--microbatches", default="1,2,4,8")
+    parser.add_argument("--schedules", default="gpipe,1f1b")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--json", help="write the records (without events) to this file (rank 0)")
+    args = parser.parse_args(argv)
+    world = get_world()
+    records = measure(args.schedules.split(","), [int(m) for m in args.microbatches.split(",")],
+                      args.steps, args.batch_size)
+    if world.rank == 0:
+        print_table(records)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump([{k: v for k, v in r.items() if k != "events"} for r in records], f, indent=1)
+    return 0
