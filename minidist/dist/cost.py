@@ -77,12 +77,22 @@ def predict(collective: str, algorithm: str, n: int, nbytes: float, alpha: float
 
 
 def fit_alpha_beta(nbytes, seconds) -> tuple[float, float]:
-    """Least-squares fit of  t = alpha + S beta  to measured one-message times.
-    Rows are weighted by 1/t, so small and large messages count alike (relative error)."""
+    """Least-squares fit of  t = alpha + S beta  to measured one-message times, with
+    alpha, beta >= 0. Rows are weighted by 1/t, so small and large messages count alike
+    (relative error). If noise makes the free fit negative, the better one-parameter fit
+    (alpha only, or beta only) is kept."""
     S, t = np.asarray(nbytes, float), np.asarray(seconds, float)
     A = np.stack([np.ones_like(S), S], axis=1) / t[:, None]
-    (alpha, beta), *_ = np.linalg.lstsq(A, np.ones_like(t), rcond=None)
-    return max(float(alpha), 0.0), max(float(beta), 0.0)
+    ones = np.ones_like(t)
+    (alpha, beta), *_ = np.linalg.lstsq(A, ones, rcond=None)
+    if alpha >= 0 and beta >= 0:
+        return float(alpha), float(beta)
+    candidates = []
+    for col in (0, 1):
+        x = float(A[:, col] @ ones / (A[:, col] @ A[:, col]))
+        params = (max(x, 0.0), 0.0) if col == 0 else (0.0, max(x, 0.0))
+        candidates.append((float(np.sum((A @ np.array(params) - ones) ** 2)), params))
+    return min(candidates)[1]
 
 
 def crossover(collective: str, fast_for_large: str, other: str, n: int, alpha: float, beta: float,
