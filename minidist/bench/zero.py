@@ -1,0 +1,115 @@
+"""Benchmark: memory and traffic per rank under ZeRO stages 0-3, measured beside the formulas (chapter 8).
+
+    mpirun -n 4 python -m minidist.bench zero [--stages 0,1,2,3] [--steps 2] [--json PATH]
+
+Stage 0 is plain data parallelism (DataParallelTrainer, ring all-reduce). For each stage it
+trains the demo's GPT for a few float32 steps on the ranks of the job and prints, per rank:
+the model states it keeps (params + grads + AdamW moments) against `memory.model_state_bytes`
+for plain-precision AdamW (4 + 4 + 8 bytes per parameter), the step's peak (adds activations,
+gathered units and gradient buckets), and the bytes it sent per step against the formula:
+
+    stage 0   ring all-reduce                        2 (N-1)/N x 4Ψ
+    stage 1-2 reduce-scatter + all-gather            2 (N-1)/N x 4Ψ       (the same)
+    stage 3   + a second all-gather of the blocks    (N-1)/N x 4(2Ψ + Ψ_blocks)   (~1.5x)
+
+Measured model states exceed the formula by the padding (each unit rounded up to a multiple of
+N elements): a few bytes. `measure(...)` is the rank program notebooks call through
+`minidist.dist.launch.run`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+from minidist import memory
+from minidist.data import make_task
+from minidist.model import GPTConfig
+from minidist.train import OptimSettings
+
+DEFAULT_CONFIG = dict(vocab_size=256, block_size=64, n_layer=4, n_head=4, n_embd=128)
+
+
+def traffic_formula(stage: int, n: int, units_numel: list[int], bytes_per_element: int = 4) -> float:
+    """Bytes each rank sends per step: the ring collectives' (N-1)/N x what they move."""
+    full, blocks = sum(units_numel), sum(units_numel[1:])
+    moved = 2 * full if stage < 3 else 2 * full + blocks
+    return (n - 1) / n * moved * bytes_per_element
+
+
+def measure(stages=(0, 1, 2, 3), steps: int = 2, batch_size: int = 16, config: dict | None = None,
+            dtype: str = "float32") -> list[dict]:
+    """Rank program: one record per stage with this rank's memory ledger and traffic per step."""
+    from minidist.dist import get_world, traffic
+    from minidist.parallel.data import DataParallelTrainer
+    from minidist.parallel.zero import ZeroTrainer, make_units
+    from minidist.model import GPT
+    from minidist.tensor import default_dtype
+
+    world = get_world()
+    n = world.size
+    config = GPTConfig(**(config or DEFAULT_CONFIG))
+    settings = OptimSettings(lr=3e-3, steps=steps, warmup=1)
+    records = []
+    with default_dtype(dtype):
+        task = make_task("sort", config.block_size, seed=0)
+        itemsize = GPT(config).wte.weight.dtype.itemsize
+        units = [u.numel for u in make_units(GPT(config), n, world.rank)]
+        num_params = sum(units)
+        for stage in stages:
+            if stage == 0:
+                trainer = DataParallelTrainer(config, settings, task, batch_size, group=world, algorithm="ring",
+                                              bucket_cap_bytes=1 << 30)
+            else:
+                trainer = ZeroTrainer(config, settings, task, batch_size, group=world, stage=stage)
+            traffic.reset()
+            for s in range(steps):
+                trainer.step(s)
+            kinds = traffic.snapshot()
+            sent = {k: v["bytes_sent"] / steps for k, v in kinds.items() if k not in ("total", "check")}
+            ledger = trainer.memory()
+            scale = itemsize / 4  # the formula's fp32 bytes, in this run's dtype
+            formula = {k: v * scale for k, v in memory.model_state_bytes(num_params, n, stage, "fp32").items()}
+            records.append({
+                "stage": stage, "dp": n, "rank": world.rank, "num_params": num_params, "units": units,
+                "memory": ledger, "model_states": ledger["params"] + ledger["grads"] + ledger["optimizer"],
+                "formula": formula,
+                # the ZeRO paper's mixed-precision Adam (2 + 2 + 12 bytes), for the same model
+                "formula_mixed": memory.model_state_bytes(num_params, n, stage, "mixed"),
+                "bytes_sent_per_step": sent,
+                "collective_bytes_per_step": sum(v for k, v in sent.items()
+                                                 if k.split(".")[0] in ("all_reduce", "reduce_scatter", "all_gather")),
+                "traffic_formula": traffic_formula(stage, n, units, itemsize),
+            })
+    return records
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m minidist.bench zero", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--stages", default="0,1,2,3")
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--json", metavar="PATH")
+    args = parser.parse_args(argv)
+    from minidist.dist import get_world
+
+    world = get_world()
+    records = measure([int(s) for s in args.stages.split(",")], args.steps, args.batch_size)
+    everyone = world.comm.gather(records, root=0)
+    if world.rank != 0:
+        return 0
+    n = world.size
+    print(f"ZeRO on dp={n}, GPT {DEFAULT_CONFIG}, Ψ = {records[0]['num_params']:,} float32 parameters; "
+          "per rank (rank 0), bytes")
+    print(f"{'stage':>5} {'params':>10} {'grads':>10} {'optimizer':>10} {'states':>10} {'formula':>10} "
+          f"{'peak':>10} {'sent/step':>10} {'formula':>10} {'x stage 0':>9}")
+    base = records[0]["collective_bytes_per_step"] if records[0]["stage"] == 0 else None
+    for r in records:
+        m = r["memory"]
+        ratio = f"{r['collective_bytes_per_step'] / base:9.2f}" if base else f"{'':9s}"
+        print(f"{r['stage']:>5} {m['params']:>10,} {m['grads']:>10,} {m['optimizer']:>10,} {r['model_states']:>10,} "
+              f"{r['formula']['total']:>10,.0f} {m['peak']:>10,} {r['collective_bytes_per_step']:>10,.0f} "
+              f"{r['traffic_formula']:>10,.0f} {ratio}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([rec for rank in everyone for rec in rank], f, indent=1)
+    return 0
