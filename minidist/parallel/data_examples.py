@@ -1,0 +1,64 @@
+"""Rank programs for chapter 3's notebook: data parallelism runs that report what they measured.
+
+Chapter 3 (数据并行). A notebook is one process; `minidist.dist.launch.run(fn, N, ...)` starts N
+real MPI ranks and calls `fn` on each. Functions that the ranks import by name must live in a
+module, so they live here: each trains a `DataParallelTrainer` (minidist/parallel/data.py) for
+a few steps in one or more variants and returns plain dicts (losses, final weights, the
+timeline of every step, traffic counters, memory), which `run` brings back to the notebook.
+"""
+from __future__ import annotations
+
+
+def train_variants(variants: list[dict], config: dict, steps: int, batch: int, dtype: str = "float32",
+                   settings: dict | None = None, seed: int = 0) -> dict:
+    """Train each variant on this job's ranks; returns {variant name: measurements}.
+
+    A variant is a dict: name, and optionally overlap (default True), bucket_kb (1024),
+    accumulation (1). Measurements: losses (global mean per step), state (final weights),
+    events (this rank's timeline, on the clock all ranks share: `timeline.normalise` aligns them), bytes_sent and
+    messages per step (traffic counters, set-up excluded), grad_bytes, step_seconds, memory.
+    """
+    import time
+
+    from minidist import dist
+    from minidist.data import make_task
+    from minidist.dist import traffic
+    from minidist.model import GPTConfig
+    from minidist.parallel.data import DataParallelTrainer
+    from minidist.runtime import tune_malloc
+    from minidist.tensor import default_dtype
+    from minidist.train import OptimSettings
+
+    tune_malloc()
+    world = dist.get_world()
+    settings = OptimSettings(**(settings or dict(lr=3e-3, steps=steps, warmup=1, min_lr=3e-4)))
+    out = {}
+    with default_dtype(dtype):
+        task = make_task("sort", config["block_size"], seed=seed)
+        for v in variants:
+            trainer = DataParallelTrainer(GPTConfig(**config), settings, task, batch, seed=seed, group=world,
+                                          overlap=v.get("overlap", True),
+                                          bucket_cap_bytes=int(v.get("bucket_kb", 1024) * 1024),
+                                          accumulation=v.get("accumulation", 1))
+            dist.barrier()
+            traffic.reset()  # count the training steps only, not the set-up broadcast
+            trainer.timeline.clear()
+            losses, seconds = [], []
+            for s in range(steps):
+                start = time.perf_counter()
+                losses.append(trainer.step(s)[0])
+                seconds.append(time.perf_counter() - start)
+            counts = traffic.snapshot()
+            out[v["name"]] = {
+                "losses": losses,
+                "state": trainer.state_dict() if world.rank == 0 else None,
+                "events": list(trainer.timeline.events),
+                "bytes_sent": counts["total"]["bytes_sent"] / steps,
+                "messages": counts["total"]["messages"] / steps,
+                "by_kind": {k: c["bytes_sent"] / steps for k, c in counts.items() if k != "total"},
+                "grad_bytes": sum(p.data.nbytes for p in trainer.model.parameters()),
+                "num_buckets": len(trainer.ddp.buckets),
+                "step_seconds": seconds,
+                "memory": trainer.memory(),
+            }
+    return out
