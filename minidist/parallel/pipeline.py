@@ -226,7 +226,8 @@ class PipelineTrainer:
         wait([r for r, _ in self.sends])
         self.sends = []
         self.timeline.add("wait sends", "wait", start, time.perf_counter())
-        with self.timeline.span("sync tied + norm", "comm"):
+        # the step's synchronisation point: it also waits for the last rank to finish backward
+        with self.timeline.span("grad sync", "comm"):
             self._sync_tied_weight()
             total = self._global_grad_norm() if self.settings.clip else float("nan")
         with self.timeline.span("optimizer", "optimizer"):
