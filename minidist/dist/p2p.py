@@ -15,10 +15,10 @@ rank burns 100% of a core. On a 2-core machine running 4 ranks, the ranks that w
 CPU from the rank that computes. Measured on this machine (`python -m minidist.bench
 collectives --wait-demo`, 4 ranks, rank 0 computes while ranks 1-3 wait for its message):
 
-    wait policy                            rank 0's compute time
-    alone (1 rank, nobody waiting)         see chapters/07 (about 470 ms)
-    MPI's blocking Recv (spins)            about 2x as long
-    minidist's polite wait (this file)     within a few % of alone
+    ranks 1-3 are ...                      rank 0's compute time (best of 3)
+    asleep (nobody competes for a core)    512 ms
+    waiting in MPI's blocking Recv         1029 ms   (they spin: 2x slower)
+    waiting in minidist's polite wait      561 ms
 
 The polite wait polls `Testall()` in three phases: for the first `busy` seconds (50 us) it
 polls flat out, because inside a collective the peer is usually just a few microseconds
