@@ -35,6 +35,7 @@ from minidist.model import GPTConfig
 from minidist.runtime import tune_malloc
 from minidist.tensor import set_default_dtype
 from minidist.parallel.data import DataParallelTrainer
+from minidist.parallel.tensor import TensorParallelTrainer, check_tensor_parallel
 from minidist.train import OptimSettings, SerialTrainer
 
 
@@ -62,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", default="sort", help="'sort' (built-in task) or a path to any text file")
     p.add_argument("--log-every", type=int, default=0, help="steps between log lines (0: about 10 lines)")
     p.add_argument("--dp", type=int, help="data-parallel degree (chapter 3); must equal the number of ranks")
+    p.add_argument("--tp", type=int, help="tensor-parallel degree (chapter 6); must equal the number of ranks")
     p.add_argument("--accumulation", type=int, default=1, help="gradient-accumulation micro-steps per optimizer step")
     p.add_argument("--bucket-kb", type=int, default=1024, help="data-parallel gradient bucket size (KiB)")
     p.add_argument("--naive-dp", action="store_true", help="one blocking all-reduce per parameter after backward")
@@ -80,7 +82,14 @@ def check_args(args, world_size: int):
     config = GPTConfig(vocab_size=256, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
                        n_embd=args.n_embd, dropout=args.dropout, tie_weights=not args.untied)
     task = make_task(args.data, args.block_size, seed=args.seed)
-    layout = {"dp": args.dp or 1, "tp": 1, "pp": 1, "zero": 0}
+    layout = {"dp": args.dp or 1, "tp": args.tp or 1, "pp": 1, "zero": 0}
+    if args.dp is not None and args.tp is not None:
+        raise ValueError("--dp and --tp together are not supported yet: pick one")
+    if args.tp is not None:
+        if args.tp != world_size:
+            raise ValueError(f"layout tp={args.tp} needs {args.tp} ranks, but this job has {world_size} "
+                             f"(run: mpirun -n {args.tp} python -m minidist.demo --tp {args.tp})")
+        check_tensor_parallel(config, args.tp)
     if args.dp is not None:
         if args.dp != world_size:
             raise ValueError(f"layout dp={args.dp} needs {args.dp} ranks, but this job has {world_size} "
@@ -97,6 +106,8 @@ def make_trainer(kind: str, args, config, task, world):
     settings = OptimSettings(lr=args.lr, steps=args.steps, warmup=min(10, args.steps // 10), min_lr=args.lr / 10)
     if kind == "serial":
         return SerialTrainer(config, settings, task, args.batch_size, seed=args.seed)
+    if kind == "tp":
+        return TensorParallelTrainer(config, settings, task, args.batch_size, seed=args.seed, group=world)
     overlap = kind != "dp-naive"
     return DataParallelTrainer(config, settings, task, args.batch_size, seed=args.seed, group=world,
                                overlap=overlap, bucket_cap_bytes=args.bucket_kb * 1024,
@@ -147,8 +158,9 @@ def run(kind: str, args, config, task, world, show: bool, ranks=None) -> dict:
     dist.barrier()  # ranks not taking part wait here, politely polling instead of spinning
     result["memory"] = world.comm.allgather(trainer.memory() if trainer else IDLE)
     result["comm"] = traffic.gather()
-    result["state"] = trainer.state_dict() if trainer and world.rank == 0 else None
-    result["parameters"] = trainer.model.num_parameters() if trainer else None
+    state = trainer.state_dict() if trainer else None  # collective for sharded strategies
+    result["state"] = state if world.rank == 0 else None
+    result["parameters"] = trainer.num_parameters() if trainer else None
     return result
 
 
@@ -158,9 +170,15 @@ def tour(args, config, task, world) -> list[dict]:
                  f"{args.steps} steps each, compared with serial.")
     rows = []
     reference = None
-    for kind, layout, ranks in [("serial", {"dp": 1, "tp": 1, "pp": 1, "zero": 0}, [0]),
-                                ("dp", {"dp": world.size, "tp": 1, "pp": 1, "zero": 0}, None),
-                                ("dp-naive", {"dp": world.size, "tp": 1, "pp": 1, "zero": 0}, None)]:
+    n = world.size
+    strategies = [("serial", {"dp": 1, "tp": 1, "pp": 1, "zero": 0}, [0]),
+                  ("dp", {"dp": n, "tp": 1, "pp": 1, "zero": 0}, None),
+                  ("dp-naive", {"dp": n, "tp": 1, "pp": 1, "zero": 0}, None)]
+    if fits_tensor_parallel(config, n):
+        strategies.append(("tp", {"dp": 1, "tp": n, "pp": 1, "zero": 0}, None))
+    else:
+        world.print0(f"(tensor parallelism skipped: this model does not split over {n} ranks)")
+    for kind, layout, ranks in strategies:
         result = run(kind, args, config, task, world, show=True, ranks=ranks)
         if world.rank == 0:
             reference = reference or result["state"]
@@ -174,6 +192,14 @@ def tour(args, config, task, world) -> list[dict]:
     if world.rank == 0:
         print_table(rows)
     return rows
+
+
+def fits_tensor_parallel(config, tp: int) -> bool:
+    try:
+        check_tensor_parallel(config, tp)
+        return True
+    except ValueError:
+        return False
 
 
 def print_table(rows) -> None:
@@ -205,7 +231,7 @@ def main(argv=None) -> int:
     tune_malloc()
     world = dist.get_world()
     args = build_parser().parse_args(argv)
-    is_tour = world.size > 1 and args.dp is None
+    is_tour = world.size > 1 and args.dp is None and args.tp is None
     if args.steps is None:
         args.steps = 20 if is_tour else 300
     try:
@@ -219,7 +245,12 @@ def main(argv=None) -> int:
         report["tour"] = tour(args, config, task, world)
         report["layout"] = report["tour"][0]["layout"] if world.rank == 0 else layout
         return finish(args, world, report, None)
-    kind = "serial" if layout["dp"] == 1 else ("dp-naive" if args.naive_dp else "dp")
+    if layout["tp"] > 1:
+        kind = "tp"
+    elif layout["dp"] > 1:
+        kind = "dp-naive" if args.naive_dp else "dp"
+    else:
+        kind = "serial"
     result = run(kind, args, config, task, world, show=True)
     if world.rank == 0:
         print(f"done: final loss {result['losses'][-1]:.4f}, accuracy {result['accuracies'][-1]:.3f}, "

@@ -67,5 +67,10 @@ class SerialTrainer:
     def memory(self) -> dict:
         return memory.ledger(self.model, self.optimizer, self.activation_bytes)
 
+    def num_parameters(self) -> int:
+        return self.model.num_parameters()
+
     def state_dict(self) -> dict:
+        """The full model's weights by name (every trainer has this; for sharded strategies it
+        is collective and returns the consolidated dict on rank 0)."""
         return self.model.state_dict()

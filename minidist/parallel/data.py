@@ -261,5 +261,8 @@ class DataParallelTrainer:
         ledger["peak"] += ledger["buckets"]
         return ledger
 
+    def num_parameters(self) -> int:
+        return self.model.num_parameters()
+
     def state_dict(self) -> dict:
         return self.model.state_dict()
