@@ -96,7 +96,7 @@ class FlatUnit:
         for i, shape in enumerate(self.shapes + [()]):  # a last pseudo-parameter: the padding
             start = self.offsets[i] if i < len(self.shapes) else self.numel
             stop = self.offsets[i + 1] if i < len(self.shapes) else self.padded
-            a, b = max(start, self.lo), min(stop, self.hi)
+            a, b = max(int(start), self.lo), min(int(stop), self.hi)
             if a < b:
                 decay = len(shape) >= 2
                 if segments and segments[-1][2] == decay and segments[-1][1] == a - self.lo:
