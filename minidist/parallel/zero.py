@@ -294,7 +294,7 @@ class ZeroTrainer:
     def _finish_gradients(self) -> None:
         with unchecked():
             if self.stage == 1:
-                for index, (unit, flat) in enumerate(zip(self.units, self.grad_buffers)):
+                for unit, flat in zip(self.units, self.grad_buffers):
                     chunk = reduce_scatter(flat, op="avg", group=self.world)  # a chunk-sized temporary
                     self.live.add(chunk.nbytes)
                     flat[unit.lo:unit.hi] = chunk  # the owned part of the buffer now holds the mean
@@ -319,7 +319,7 @@ class ZeroTrainer:
         self.optimizer.step(self.settings.lr_at(step))
         if self.stage < 3:  # every rank needs every updated weight for the next forward
             with unchecked():
-                for unit, flat, shard in zip(self.units, self.param_buffers, self.optimizer.params):
+                for flat, shard in zip(self.param_buffers, self.optimizer.params):
                     all_gather(shard, group=self.world, out=flat)
         stats = np.array([loss.item(), accuracy(logits.data, y)])
         all_reduce(stats, op="avg", group=self.world)
