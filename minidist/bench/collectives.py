@@ -11,7 +11,7 @@ best round of each is kept (these machines are noisy and shared).
 
 Fair comparison: both run in the same processes, on the same float32 buffers, after a warm-up,
 with the mismatch check off (MPI does not check either) and with the malloc tuning of
-minidist.dist.malloc (MPICH allocates temporaries on every large call; without the tuning each
+minidist.runtime (MPICH allocates temporaries on every large call; without the tuning each
 costs page faults that have nothing to do with either algorithm).
 
 Bus bandwidth follows nccl-tests: algbw = S / t, busbw = algbw x 2(N-1)/N for all-reduce,
@@ -30,7 +30,7 @@ from mpi4py import MPI
 import minidist.dist as dist
 from minidist.dist import cost, faults, traffic
 from minidist.dist.algorithms import chunk_bounds
-from minidist.dist.malloc import tune_malloc
+from minidist.runtime import tune_malloc
 
 DEFAULT_SIZES = ["1K", "4K", "16K", "64K", "256K", "1M", "4M", "16M", "64M"]
 QUICK_SIZES = ["1K", "16K", "64K", "1M", "16M"]

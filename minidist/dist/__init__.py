@@ -11,7 +11,7 @@ nothing of models. Read it in this order, one idea per file:
     cost.py         the alpha-beta cost model and its fit
     faults.py       any rank's exception ends the whole job
     launch.py       run a function on N real MPI ranks from a test or a notebook
-    malloc.py       allocator tuning so large-message timings compare fairly
+    sim.py          the same algorithms in one process, step by step (for notebooks)
 """
 from minidist.dist.collectives import (CollectiveMismatch, Work, all_gather, all_reduce, all_to_all, barrier,
                                        broadcast, reduce, reduce_scatter, set_check)

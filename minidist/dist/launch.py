@@ -170,7 +170,9 @@ def _rank_main(job_dir: str):
     from mpi4py import MPI
 
     from minidist.dist import faults
+    from minidist.runtime import tune_malloc
 
+    tune_malloc()  # as the demo and the benchmarks do: measurements in notebooks agree with them
     job, rank = Path(job_dir), MPI.COMM_WORLD.Get_rank()
     out = open(job / f"output.{rank}.txt", "w", buffering=1)
     os.dup2(out.fileno(), 1)  # file descriptors too, so C-level output is captured as well
