@@ -2,7 +2,9 @@
 
     python -m minidist.demo                           # serial, on the built-in sorting task
     python -m minidist.demo --data input.txt          # byte-level language model of any file
-    mpirun -n 4 python -m minidist.demo               # under MPI (see below)
+    mpirun -n 4 python -m minidist.demo               # the tour: every strategy vs serial
+    mpirun -n 4 python -m minidist.demo --dp 4        # one strategy: --dp N [--zero S],
+                                                      # --tp N, --pp N --microbatches M
 
 The flags and the `--json` keys are a contract (notebooks and checks read them): later
 chapters add flags and keys, none is renamed or dropped.
@@ -10,11 +12,13 @@ chapters add flags and keys, none is renamed or dropped.
 JSON keys: world_size, layout {dp, tp, pp, zero}, dtype, config, losses (global mean loss of
 every step), accuracies, tokens_per_s (median over steps after the first), step_seconds,
 parameters, memory (one entry per rank: bytes of params, grads, optimizer, activations, peak),
-comm (one entry per rank: bytes_sent, bytes_received, messages, ...).
+comm (one entry per rank: bytes_sent, bytes_received, messages, ...); for pipelines
+`pipeline` (schedule, microbatches, bubble_measured, bubble_theory, peak_activations); for the
+tour `tour` (one row per strategy).
 
-Under `mpirun -n N` with no layout flags, the serial run trains on rank 0 and the other ranks
-wait (politely, without spinning) until it is done; the parallel strategies arrive with the
-chapters that teach them.
+Under `mpirun -n N` with no layout flags the demo runs the tour: the serial reference on rank 0
+(the others wait politely, without spinning), then every strategy in `minidist/strategies.py`
+that this world and model allow, and one table comparing their losses and weights with serial.
 """
 from __future__ import annotations
 
@@ -28,15 +32,12 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-from minidist import dist
+from minidist import dist, strategies
 from minidist.data import make_task
 from minidist.dist import faults, traffic
 from minidist.model import GPTConfig
 from minidist.runtime import tune_malloc
 from minidist.tensor import set_default_dtype
-from minidist.parallel.data import DataParallelTrainer
-from minidist.parallel.tensor import TensorParallelTrainer, check_tensor_parallel
-from minidist.train import OptimSettings, SerialTrainer
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -64,6 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-every", type=int, default=0, help="steps between log lines (0: about 10 lines)")
     p.add_argument("--dp", type=int, help="data-parallel degree (chapter 3); must equal the number of ranks")
     p.add_argument("--tp", type=int, help="tensor-parallel degree (chapter 6); must equal the number of ranks")
+    p.add_argument("--pp", type=int, help="pipeline stages (chapters 4-5); must equal the number of ranks")
+    p.add_argument("--microbatches", type=int, default=4, help="pipeline micro-batches (1: naive model parallelism)")
+    p.add_argument("--schedule", choices=["gpipe", "1f1b"], default="1f1b", help="pipeline schedule")
+    p.add_argument("--zero", type=int, choices=[1, 2, 3], help="ZeRO stage over the --dp replicas (chapter 8)")
     p.add_argument("--accumulation", type=int, default=1, help="gradient-accumulation micro-steps per optimizer step")
     p.add_argument("--bucket-kb", type=int, default=1024, help="data-parallel gradient bucket size (KiB)")
     p.add_argument("--naive-dp", action="store_true", help="one blocking all-reduce per parameter after backward")
@@ -74,44 +79,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_args(args, world_size: int):
     """Everything that can be wrong with the flags, found identically on every rank before any
-    message is sent. Returns (config, task, layout)."""
-    for name in ("steps", "batch_size", "accumulation"):
+    message is sent. Returns (config, task, kind, layout); kind None means the tour."""
+    for name in ("steps", "batch_size", "accumulation", "microbatches"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     config = GPTConfig(vocab_size=256, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
                        n_embd=args.n_embd, dropout=args.dropout, tie_weights=not args.untied)
     task = make_task(args.data, args.block_size, seed=args.seed)
-    layout = {"dp": args.dp or 1, "tp": args.tp or 1, "pp": 1, "zero": 0}
-    if args.dp is not None and args.tp is not None:
-        raise ValueError("--dp and --tp together are not supported yet: pick one")
-    if args.tp is not None:
-        if args.tp != world_size:
-            raise ValueError(f"layout tp={args.tp} needs {args.tp} ranks, but this job has {world_size} "
-                             f"(run: mpirun -n {args.tp} python -m minidist.demo --tp {args.tp})")
-        check_tensor_parallel(config, args.tp)
-    if args.dp is not None:
-        if args.dp != world_size:
-            raise ValueError(f"layout dp={args.dp} needs {args.dp} ranks, but this job has {world_size} "
-                             f"(run: mpirun -n {args.dp} python -m minidist.demo --dp {args.dp})")
-        if args.batch_size % (args.dp * args.accumulation):
-            raise ValueError(f"global batch {args.batch_size} is not divisible by dp={args.dp} x "
-                             f"accumulation={args.accumulation}")
-    elif args.accumulation != 1:
-        raise ValueError("--accumulation needs --dp (gradient accumulation is part of data parallelism)")
-    return config, task, layout
-
-
-def make_trainer(kind: str, args, config, task, world):
-    settings = OptimSettings(lr=args.lr, steps=args.steps, warmup=min(10, args.steps // 10), min_lr=args.lr / 10)
-    if kind == "serial":
-        return SerialTrainer(config, settings, task, args.batch_size, seed=args.seed)
-    if kind == "tp":
-        return TensorParallelTrainer(config, settings, task, args.batch_size, seed=args.seed, group=world)
-    overlap = kind != "dp-naive"
-    return DataParallelTrainer(config, settings, task, args.batch_size, seed=args.seed, group=world,
-                               overlap=overlap, bucket_cap_bytes=args.bucket_kb * 1024,
-                               accumulation=args.accumulation)
+    kind, layout = strategies.choose(args, config, world_size)
+    return config, task, kind, layout
 
 
 def train(args, trainer, task, show: bool) -> dict:
@@ -153,11 +130,13 @@ def run(kind: str, args, config, task, world, show: bool, ranks=None) -> dict:
     traffic.reset()
     trainer, result = None, {}
     if world.rank in ranks:
-        trainer = make_trainer(kind, args, config, task, world)
+        trainer = strategies.make_trainer(kind, args, config, task, world)
         result = train(args, trainer, task, show and world.rank == 0)
     dist.barrier()  # ranks not taking part wait here, politely polling instead of spinning
     result["memory"] = world.comm.allgather(trainer.memory() if trainer else IDLE)
     result["comm"] = traffic.gather()
+    if hasattr(trainer, "pipeline_report"):
+        result["pipeline"] = trainer.pipeline_report()
     state = trainer.state_dict() if trainer else None  # collective for sharded strategies
     result["state"] = state if world.rank == 0 else None
     result["parameters"] = trainer.num_parameters() if trainer else None
@@ -166,19 +145,13 @@ def run(kind: str, args, config, task, world, show: bool, ranks=None) -> dict:
 
 def tour(args, config, task, world) -> list[dict]:
     """Serial reference, then every strategy on this world: one table to compare them."""
-    world.print0(f"minidist tour on {world.size} ranks: the serial run, then each strategy, "
+    plan, skipped = strategies.tour_plan(args, config, world.size)
+    world.print0(f"minidist tour on {world.size} ranks: the serial run, then {len(plan) - 1} strategies, "
                  f"{args.steps} steps each, compared with serial.")
-    rows = []
-    reference = None
-    n = world.size
-    strategies = [("serial", {"dp": 1, "tp": 1, "pp": 1, "zero": 0}, [0]),
-                  ("dp", {"dp": n, "tp": 1, "pp": 1, "zero": 0}, None),
-                  ("dp-naive", {"dp": n, "tp": 1, "pp": 1, "zero": 0}, None)]
-    if fits_tensor_parallel(config, n):
-        strategies.append(("tp", {"dp": 1, "tp": n, "pp": 1, "zero": 0}, None))
-    else:
-        world.print0(f"(tensor parallelism skipped: this model does not split over {n} ranks)")
-    for kind, layout, ranks in strategies:
+    for reason in skipped:
+        world.print0(f"  (skipped {reason})")
+    rows, reference = [], None
+    for kind, layout, ranks in plan:
         result = run(kind, args, config, task, world, show=True, ranks=ranks)
         if world.rank == 0:
             reference = reference or result["state"]
@@ -192,14 +165,6 @@ def tour(args, config, task, world) -> list[dict]:
     if world.rank == 0:
         print_table(rows)
     return rows
-
-
-def fits_tensor_parallel(config, tp: int) -> bool:
-    try:
-        check_tensor_parallel(config, tp)
-        return True
-    except ValueError:
-        return False
 
 
 def print_table(rows) -> None:
@@ -231,26 +196,21 @@ def main(argv=None) -> int:
     tune_malloc()
     world = dist.get_world()
     args = build_parser().parse_args(argv)
-    is_tour = world.size > 1 and args.dp is None and args.tp is None
+    is_tour = world.size > 1 and args.dp is None and args.tp is None and args.pp is None
     if args.steps is None:
-        args.steps = 20 if is_tour else 300
+        args.steps = 10 if is_tour else 300
+    if args.log_every == 0 and is_tour:
+        args.log_every = args.steps  # the tour: a first and a last line per strategy
     try:
-        config, task, layout = check_args(args, world.size)
+        config, task, kind, layout = check_args(args, world.size)
     except (ValueError, FileNotFoundError) as error:
         faults.fail(str(error))
     set_default_dtype(args.dtype)
 
     report = {"world_size": world.size, "layout": layout, "dtype": args.dtype, "config": config.to_dict()}
-    if is_tour:
+    if kind is None:
         report["tour"] = tour(args, config, task, world)
-        report["layout"] = report["tour"][0]["layout"] if world.rank == 0 else layout
         return finish(args, world, report, None)
-    if layout["tp"] > 1:
-        kind = "tp"
-    elif layout["dp"] > 1:
-        kind = "dp-naive" if args.naive_dp else "dp"
-    else:
-        kind = "serial"
     result = run(kind, args, config, task, world, show=True)
     if world.rank == 0:
         print(f"done: final loss {result['losses'][-1]:.4f}, accuracy {result['accuracies'][-1]:.3f}, "

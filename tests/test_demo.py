@@ -67,13 +67,52 @@ def test_bad_flags_fail_with_one_line(flags, message):
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
+@pytest.mark.parametrize("nprocs, flags, message", [
+    (4, ["--dp", "3"], "layout dp=3 needs 3 ranks, but this job has 4"),
+    (2, ["--tp", "2", "--n-head", "1", "--n-embd", "32"], "n_head=1"),
+    (2, ["--pp", "2", "--n-layer", "1"], "needs at least 2 layers"),
+    (2, ["--pp", "2", "--batch-size", "6", "--microbatches", "4"], "does not split into 4 micro-batches"),
+    (2, ["--zero", "2"], "--zero needs --dp N"),
+    (2, ["--dp", "2", "--tp", "2"], "combining --dp and --tp is not supported yet"),
+])
+def test_bad_layouts_fail_before_any_message(nprocs, flags, message):
+    proc = demo(*flags, "--steps", "1", nprocs=nprocs)
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr  # one line, from rank 0
+
+
+@pytest.mark.parametrize("flags, key", [
+    (["--dp", "2", "--zero", "3"], None),
+    (["--tp", "2"], None),
+    (["--pp", "2", "--microbatches", "2", "--schedule", "gpipe"], "pipeline"),
+])
+def test_each_layout_reproduces_serial_and_saves_full_weights(tmp_path, flags, key):
+    serial_out, serial_w = tmp_path / "s.json", tmp_path / "s.npz"
+    out, weights = tmp_path / "p.json", tmp_path / "p.npz"
+    common = ["--steps", "3", "--dtype", "float64", *SMALL]
+    assert demo(*common, "--json", str(serial_out), "--save", str(serial_w)).returncode == 0
+    proc = demo(*common, *flags, "--json", str(out), "--save", str(weights), nprocs=2)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    report, serial = json.loads(out.read_text()), json.loads(serial_out.read_text())
+    assert JSON_KEYS <= set(report) and len(report["memory"]) == 2 and len(report["comm"]) == 2
+    np.testing.assert_allclose(report["losses"], serial["losses"], rtol=1e-9)
+    got, want = dict(np.load(weights)), dict(np.load(serial_w))
+    assert set(got) == set(want)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-7, atol=1e-12, err_msg=name)
+    if key == "pipeline":
+        assert report["pipeline"]["schedule"] == "gpipe" and report["pipeline"]["microbatches"] == 2
+        assert report["pipeline"]["bubble_theory"] == pytest.approx(1 / 3)
+
+
 def test_tour_compares_strategies_with_serial(tmp_path):
     out = tmp_path / "tour.json"
     proc = demo("--steps", "3", "--dtype", "float64", "--json", str(out), *SMALL, nprocs=2)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     report = json.loads(out.read_text())
     rows = {row["strategy"]: row for row in report["tour"]}
-    assert {"serial", "dp"} <= set(rows)
+    assert {"serial", "dp", "dp-naive", "zero1", "zero2", "zero3", "tp", "mp", "pp-gpipe", "pp-1f1b"} <= set(rows)
     for row in report["tour"]:
         assert row["max_abs_diff_from_serial"] < 1e-10, row
     assert rows["dp"]["bytes_sent_per_rank"] > 0 and rows["serial"]["bytes_sent_per_rank"] == 0
