@@ -2,25 +2,26 @@
 
 Chapter 3. Trains the demo GPT (vocab 256, block 64, n_embd 128, 4 layers, 4 heads, float32,
 global batch 16) on the sort task and prints, for every layout, tokens/s and the ratio to the
-serial run measured in the same invocation, plus the bytes each rank sent per step (from the
-traffic counters) beside the ring formula 2(N-1)/N x gradient bytes.
+serial run measured in the same job, plus the bytes each rank sent per step (from the traffic
+counters) beside the ring formula 2(N-1)/N x gradient bytes.
 
-    python -m minidist.bench dp                    # serial, dp 1/2/4, naive and bucketed
+    python -m minidist.bench dp                    # dp 1, 2, 4; naive, bucketed, ceiling
     python -m minidist.bench dp --repeats 5 --json dp.json
-    python -m minidist.bench dp --ceiling          # add: N independent serial runs at B/N
 
-How it runs: launch it as ONE ordinary process. Every measurement is a fresh job of N real MPI
-ranks started by `minidist.dist.launch.run` (mpiexec from the virtualenv), so the serial run,
-dp=2 and dp=4 all pay the same process and MPI set-up, none of which is timed. Inside a job
-every rank times each step after `--warmup` steps; a step's time is the slowest rank's, and
-the job reports the median. Rounds alternate serial, dp=2, dp=4, ... `--repeats` times, so slow
-phases of a shared, noisy machine hit every layout alike; the table shows the median over
-rounds and the range (min-max).
+How it runs: launch it as ONE ordinary process (not under mpirun). For each N it starts a job
+of N real MPI ranks with `minidist.dist.launch.run` (mpiexec from the virtualenv). Inside the
+job every variant gets its own trainer, and the variants take turns step by step:
 
-The `--ceiling` rows answer "how fast could dp=N be on this machine at best?": N separate
-serial processes, each on B/N rows, started together and never talking. Their throughput (all
-N together) is what perfect data parallelism would reach here, so dp / ceiling is the
-efficiency of the communication and everything that is not compute.
+    serial (rank 0 trains on all B rows; the other ranks wait politely, near 0% CPU)
+    naive, bucketed (DataParallelTrainer on B/N rows per rank)
+    ceiling (N independent serial trainers on B/N rows each, never talking)
+
+so a slow moment of this shared, noisy machine hits every variant alike. A step's time is the
+slowest rank's; a variant's time is the median over the timed steps (after --warmup), and
+its speedup is serial's median / its median, both from the same job. `--repeats` jobs per N
+give the range. The ceiling is what perfect data parallelism could reach on this machine (all
+the compute of dp=N, none of the communication): dp / ceiling is the efficiency of the
+gradient averaging, and ceiling / serial shows what the cores themselves allow.
 """
 from __future__ import annotations
 
@@ -36,10 +37,12 @@ CONFIG = dict(vocab_size=256, block_size=64, n_layer=4, n_head=4, n_embd=128)
 BATCH = 16
 
 
-def rank_program(mode: str, steps: int, warmup: int, batch: int, bucket_kb: int = 1024,
+def rank_program(modes: list[str], steps: int, warmup: int, batch: int, bucket_kb: int = 1024,
                  dtype: str = "float32", wait: dict | None = None) -> dict:
-    """One measurement on this job's ranks. mode: serial, naive, bucketed or ceiling
-    (each rank trains its own serial model on batch/N rows and never communicates)."""
+    """Every variant in `modes` on this job's ranks, taking turns step by step.
+    Returns {mode: {times: [s per step], bytes_sent, messages (per step), ...}} for this rank.
+    `wait` (e.g. {"busy": 0.002} or {"polite": False}) sets `dist.set_wait_policy` on every rank,
+    to measure how the waiting policy of minidist/dist/p2p.py affects the step."""
     from minidist import dist
     from minidist.data import make_task
     from minidist.dist import traffic
@@ -57,52 +60,64 @@ def rank_program(mode: str, steps: int, warmup: int, batch: int, bucket_kb: int 
     with default_dtype(dtype):
         task = make_task("sort", CONFIG["block_size"], seed=0)
         config = GPTConfig(**CONFIG)
-        if mode == "serial":
-            trainer = SerialTrainer(config, settings, task, batch, seed=0)
-        elif mode == "ceiling":
-            trainer = SerialTrainer(config, settings, task, batch // world.size, seed=world.rank)
-        else:
-            trainer = DataParallelTrainer(config, settings, task, batch, seed=0, group=world,
-                                          overlap=(mode == "bucketed"), bucket_cap_bytes=bucket_kb * 1024)
-        for s in range(warmup):
-            trainer.step(s)
-        dist.barrier()
-        traffic.reset()
-        times = []
-        for s in range(warmup, warmup + steps):
-            start = time.perf_counter()
-            trainer.step(s)
-            times.append(time.perf_counter() - start)
-        counts = traffic.snapshot()["total"]
-        timeline = getattr(trainer, "timeline", None)
-        busy = timeline.busy_seconds() / (warmup + steps) if timeline else None
-        comm = (sum(e[3] - e[2] for e in timeline.events if e[1] == "comm") / (warmup + steps)
-                if timeline else None)
-        return {"times": times, "bytes_sent": counts["bytes_sent"] / steps, "messages": counts["messages"] / steps,
-                "grad_bytes": sum(p.data.nbytes for p in trainer.model.parameters()),
-                "compute_s": busy, "comm_s": comm}
+        trainers = {}
+        for mode in modes:
+            if mode == "serial":
+                trainers[mode] = SerialTrainer(config, settings, task, batch, seed=0) if world.rank == 0 else None
+            elif mode == "ceiling":
+                trainers[mode] = SerialTrainer(config, settings, task, batch // world.size, seed=world.rank)
+            else:
+                trainers[mode] = DataParallelTrainer(config, settings, task, batch, seed=0, group=world,
+                                                     overlap=(mode == "bucketed"), bucket_cap_bytes=bucket_kb * 1024)
+        out = {m: {"times": [], "bytes_sent": 0, "messages": 0, "comm_s": 0.0} for m in modes}
+        for s in range(warmup + steps):
+            for mode, trainer in trainers.items():
+                dist.barrier()  # everyone starts the step together (not timed, not counted)
+                before = traffic.snapshot()["total"]
+                start = time.perf_counter()
+                if trainer is not None:
+                    if hasattr(trainer, "timeline"):
+                        trainer.timeline.clear()
+                    trainer.step(s)
+                seconds = time.perf_counter() - start
+                if s < warmup:
+                    continue
+                after = traffic.snapshot()["total"]
+                rec = out[mode]
+                rec["times"].append(seconds)
+                rec["bytes_sent"] += (after["bytes_sent"] - before["bytes_sent"]) / steps
+                rec["messages"] += (after["messages"] - before["messages"]) / steps
+                if hasattr(trainer, "timeline"):  # communication after backward ended: not hidden
+                    ev = trainer.timeline.events
+                    backward_end = max(e[3] for e in ev if e[1] == "backward")
+                    opt_start = min(e[2] for e in ev if e[1] == "optimizer")
+                    rec["comm_s"] += (opt_start - backward_end) / steps
+        model = next(t.model for t in trainers.values() if t is not None)
+        grad_bytes = sum(p.data.nbytes for p in model.parameters())
+        for rec in out.values():
+            rec["grad_bytes"] = grad_bytes
+        return out
 
 
-def measure(mode: str, n: int, args, wait=None) -> dict:
-    """One job of n ranks; returns the step time (median of per-step slowest rank) and counts."""
-    ranks = run(rank_program, n, mode, args.steps, args.warmup, args.batch, args.bucket_kb, args.dtype, wait,
-                timeout=300)
-    per_step = np.max(np.array([r["times"] for r in ranks]), axis=0)
-    return {"seconds": float(np.median(per_step)), "best": float(np.min(per_step)), "bytes_sent": max(r["bytes_sent"] for r in ranks),
-            "messages": max(r["messages"] for r in ranks), "grad_bytes": ranks[0]["grad_bytes"],
-            "compute_s": ranks[0]["compute_s"], "comm_s": ranks[0]["comm_s"]}
-
-
-def layouts(args) -> list[tuple[str, int]]:
-    out = [("serial", 1)]
-    for n in args.dp:
-        for mode in args.modes:
-            if n == 1 and mode == "naive":
-                continue  # dp=1 never communicates: naive and bucketed are the same run
-            out.append((mode, n))
-        if args.ceiling and n > 1:
-            out.append(("ceiling", n))
+def measure(n: int, modes: list[str], args, wait=None) -> dict:
+    """One job of n ranks; per mode: the median step (slowest rank per step) and counts."""
+    ranks = run(rank_program, n, modes, args.steps, args.warmup, args.batch, args.bucket_kb, args.dtype, wait,
+                timeout=600)
+    out = {}
+    for mode in modes:
+        per_step = np.max(np.array([r[mode]["times"] for r in ranks]), axis=0)
+        out[mode] = {"seconds": float(np.median(per_step)), "best": float(np.min(per_step)),
+                     "bytes_sent": max(r[mode]["bytes_sent"] for r in ranks),
+                     "messages": max(r[mode]["messages"] for r in ranks),
+                     "exposed_comm_s": max(r[mode]["comm_s"] for r in ranks),
+                     "grad_bytes": ranks[0][mode]["grad_bytes"]}
     return out
+
+
+def job_modes(n: int, args) -> list[str]:
+    if n == 1:
+        return ["serial", "bucketed"]  # dp=1 never communicates: naive and bucketed are the same run
+    return ["serial"] + args.modes + (["ceiling"] if args.ceiling else [])
 
 
 def main(argv=None) -> int:
@@ -111,11 +126,12 @@ def main(argv=None) -> int:
     parser.add_argument("--modes", default="naive,bucketed", help="naive and/or bucketed")
     parser.add_argument("--steps", type=int, default=8, help="timed steps per job")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
-    parser.add_argument("--repeats", type=int, default=3, help="rounds over all layouts (median and range)")
+    parser.add_argument("--repeats", type=int, default=3, help="jobs per dp (median and range over them)")
     parser.add_argument("--batch", type=int, default=BATCH, help="global batch (sequences)")
     parser.add_argument("--bucket-kb", type=int, default=1024, help="gradient bucket cap (KiB)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
-    parser.add_argument("--ceiling", action="store_true", help="add N independent serial runs at B/N (no comm)")
+    parser.add_argument("--no-ceiling", dest="ceiling", action="store_false",
+                        help="skip the N independent serial runs at B/N (no communication)")
     parser.add_argument("--json", metavar="PATH", help="write the records as a JSON list")
     args = parser.parse_args(argv)
     args.dp = [int(x) for x in args.dp.split(",")]
@@ -124,41 +140,20 @@ def main(argv=None) -> int:
         if args.batch % n:
             parser.error(f"global batch {args.batch} is not divisible by dp={n}")
 
-    plan = layouts(args)
     print(f"data-parallel throughput: GPT {CONFIG}, {args.dtype}, global batch {args.batch}, "
-          f"{args.steps} timed steps after {args.warmup}, {args.repeats} rounds, bucket cap {args.bucket_kb} KiB")
-    samples: dict[tuple, list] = {key: [] for key in plan}
+          f"{args.steps} timed steps after {args.warmup}, {args.repeats} jobs per dp, "
+          f"bucket cap {args.bucket_kb} KiB")
+    jobs: dict[int, list] = {n: [] for n in args.dp}
     started = time.perf_counter()
     for round_ in range(args.repeats):
-        for mode, n in plan:
-            samples[(mode, n)].append(measure(mode, n, args))
+        for n in args.dp:
+            jobs[n].append(measure(n, job_modes(n, args), args))
         print(f"  round {round_ + 1}/{args.repeats} done ({time.perf_counter() - started:.0f} s)", flush=True)
 
-    tokens = args.batch * CONFIG["block_size"]
-    serial = [s["seconds"] for s in samples[("serial", 1)]]
-    records = []
-    for mode, n in plan:
-        runs = samples[(mode, n)]
-        seconds = [s["seconds"] for s in runs]
-        # the speedup of round i uses round i's serial run (measured moments apart)
-        speedups = [a / b for a, b in zip(serial, seconds)]
-        grad_bytes = runs[0]["grad_bytes"]
-        records.append({
-            "benchmark": "dp", "dp": n, "mode": mode, "dtype": args.dtype, "global_batch": args.batch,
-            "seconds": float(np.median(seconds)), "seconds_range": [min(seconds), max(seconds)],
-            "tokens_per_s": tokens / float(np.median(seconds)),
-            "tokens_per_s_range": [tokens / max(seconds), tokens / min(seconds)],
-            "speedup_vs_serial": float(np.median(speedups)), "speedup_range": [min(speedups), max(speedups)],
-            "bytes_sent_per_rank_per_step": float(np.median([s["bytes_sent"] for s in runs])),
-            "ring_formula_bytes": 2 * (n - 1) / n * grad_bytes if mode in ("naive", "bucketed") else 0.0,
-            "messages_per_rank_per_step": float(np.median([s["messages"] for s in runs])),
-            "gradient_bytes": grad_bytes, "bucket_kb": args.bucket_kb if mode == "bucketed" else None,
-            "comm_seconds_rank0": float(np.median([s["comm_s"] for s in runs])) if runs[0]["comm_s"] is not None else None,
-            "repeats": len(runs),
-            # least disturbed by other processes: the fastest step of any round, against serial's
-            "best_seconds": min(s["best"] for s in runs),
-            "speedup_best_vs_best": min(s["best"] for s in samples[("serial", 1)]) / min(s["best"] for s in runs),
-        })
+    records = [record(1, "serial", [job["serial"] for n in args.dp for job in jobs[n]], None, args)]
+    for n in args.dp:
+        for mode in job_modes(n, args)[1:]:
+            records.append(record(n, mode, [job[mode] for job in jobs[n]], [job["serial"] for job in jobs[n]], args))
     print_table(records)
     if args.json:
         with open(args.json, "w") as f:
@@ -167,20 +162,42 @@ def main(argv=None) -> int:
     return 0
 
 
+def record(n: int, mode: str, runs: list[dict], serial_runs: list[dict] | None, args) -> dict:
+    """One row: medians and ranges over the jobs; speedups against each job's own serial run."""
+    tokens = args.batch * CONFIG["block_size"]
+    seconds = [r["seconds"] for r in runs]
+    speedups = [s["seconds"] / r["seconds"] for s, r in zip(serial_runs, runs)] if serial_runs else [1.0]
+    grad_bytes = runs[0]["grad_bytes"]
+    communicates = mode in ("naive", "bucketed") and n > 1
+    return {
+        "benchmark": "dp", "dp": n, "mode": mode, "dtype": args.dtype, "global_batch": args.batch,
+        "seconds": float(np.median(seconds)), "seconds_range": [min(seconds), max(seconds)],
+        "tokens_per_s": tokens / float(np.median(seconds)),
+        "tokens_per_s_range": [tokens / max(seconds), tokens / min(seconds)],
+        "speedup_vs_serial": float(np.median(speedups)), "speedup_range": [min(speedups), max(speedups)],
+        "bytes_sent_per_rank_per_step": float(np.median([r["bytes_sent"] for r in runs])),
+        "ring_formula_bytes": 2 * (n - 1) / n * grad_bytes if communicates else 0.0,
+        "messages_per_rank_per_step": float(np.median([r["messages"] for r in runs])),
+        "exposed_comm_seconds": float(np.median([r["exposed_comm_s"] for r in runs])),
+        "gradient_bytes": grad_bytes, "bucket_kb": args.bucket_kb if mode == "bucketed" else None,
+        "jobs": len(runs), "steps": args.steps,
+    }
+
+
 def print_table(records) -> None:
     print(f"\n{'layout':16s} {'step ms':>8s} {'tokens/s':>9s} {'(range)':>13s} {'x serial':>8s} {'(range)':>11s} "
-          f"{'best':>5s} {'sent/rank/step':>14s} {'2(N-1)/N x grad':>15s} {'msgs':>6s}")
+          f"{'exposed ms':>10s} {'sent/rank/step':>14s} {'2(N-1)/N x grad':>15s} {'msgs':>5s}")
     for r in records:
         name = "serial" if r["mode"] == "serial" else f"dp={r['dp']} {r['mode']}"
         lo, hi = r["tokens_per_s_range"]
         slo, shi = r["speedup_range"]
         print(f"{name:16s} {r['seconds'] * 1e3:8.1f} {r['tokens_per_s']:9.0f} {lo:6.0f}-{hi:<6.0f} "
-              f"{r['speedup_vs_serial']:8.2f} {slo:5.2f}-{shi:<5.2f} {r['speedup_best_vs_best']:5.2f} "
+              f"{r['speedup_vs_serial']:8.2f} {slo:5.2f}-{shi:<5.2f} {r['exposed_comm_seconds'] * 1e3:10.1f} "
               f"{r['bytes_sent_per_rank_per_step'] / 1e6:11.3f} MB {r['ring_formula_bytes'] / 1e6:12.3f} MB "
-              f"{r['messages_per_rank_per_step']:6.0f}")
-    print("x serial: median over rounds of (round's serial step / this step), range min-max; best: fastest "
-          "step of all rounds vs serial's fastest (least disturbed by other processes)")
-    print("ceiling = N independent serial processes at batch B/N, no communication: the best dp=N can do here")
+              f"{r['messages_per_rank_per_step']:5.0f}")
+    print("x serial: median over jobs of (that job's serial step / this step); range: min-max over jobs.\n"
+          "exposed: from the end of backward to the optimizer (communication not hidden behind backward).\n"
+          "ceiling: N independent serial trainers on B/N rows each, no communication: the best dp=N can do here.")
 
 
 if __name__ == "__main__":

@@ -14,9 +14,10 @@ def train_variants(variants: list[dict], config: dict, steps: int, batch: int, d
     """Train each variant on this job's ranks; returns {variant name: measurements}.
 
     A variant is a dict: name, and optionally overlap (default True), bucket_kb (1024),
-    accumulation (1). Measurements: losses (global mean per step), state (final weights),
-    events (this rank's timeline, on the clock all ranks share: `timeline.normalise` aligns them), bytes_sent and
-    messages per step (traffic counters, set-up excluded), grad_bytes, step_seconds, memory.
+    accumulation (1). Measurements: losses (global mean per step), state (final weights, rank 0),
+    events (this rank's timeline on the clock all ranks share; `timeline.normalise` aligns
+    them), bytes_sent and messages per step (traffic counters, set-up excluded), by_kind,
+    grad_bytes, num_buckets, step_seconds, memory.
     """
     import time
 
