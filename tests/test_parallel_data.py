@@ -19,12 +19,12 @@ from minidist.train import OptimSettings, SerialTrainer
 CONFIG = dict(vocab_size=256, block_size=16, n_layer=2, n_head=2, n_embd=16)
 STEPS, BATCH = 3, 24  # 24 rows split evenly for dp = 2, 3, 4 with 1 or 2 accumulation steps
 SETTINGS = dict(lr=1e-2, steps=STEPS, warmup=1, min_lr=1e-3, clip=1.0)
-VARIANTS = [  # (name, overlap, bucket_cap_bytes, accumulation)
-    ("naive", False, 1 << 20, 1),
-    ("bucket per parameter", True, 1, 1),
-    ("medium buckets", True, 4096, 1),
-    ("one bucket", True, 1 << 30, 1),
-    ("accumulation 2", True, 4096, 2),
+VARIANTS = [  # (name, overlap, bucket_cap_bytes, accumulation, all-reduce algorithm)
+    ("naive", False, 1 << 20, 1, "auto"),
+    ("bucket per parameter", True, 1, 1, "auto"),
+    ("medium buckets", True, 4096, 1, "auto"),
+    ("one bucket", True, 1 << 30, 1, "ring"),
+    ("accumulation 2", True, 4096, 2, "auto"),
 ]
 
 
@@ -36,11 +36,11 @@ def dp_rank_program(variants):
     out = {}
     with default_dtype("float64"):
         task = make_task("sort", CONFIG["block_size"], seed=0)
-        for name, overlap, cap, accumulation in variants:
+        for name, overlap, cap, accumulation, algorithm in variants:
             traffic.reset()
             trainer = DataParallelTrainer(GPTConfig(**CONFIG), OptimSettings(**SETTINGS), task, BATCH, seed=0,
                                           group=world, overlap=overlap, bucket_cap_bytes=cap,
-                                          accumulation=accumulation)
+                                          accumulation=accumulation, algorithm=algorithm)
             traffic.reset()  # count the steps only, not the initial broadcast and checks
             losses = [trainer.step(s)[0] for s in range(STEPS)]
             kinds = traffic.snapshot()
@@ -105,8 +105,8 @@ def test_replicas_hold_identical_weights(parallel):
 
 
 def test_traffic_is_one_ring_all_reduce_of_the_gradient(parallel):
-    """Bucketed DP sends 2(N-1)/N x gradient bytes per rank per step, as the ring predicts
-    (the small buckets may use recursive doubling, which sends more: test the one-bucket run)."""
+    """Bucketed DP with the ring sends 2(N-1)/N x gradient bytes per rank per step (the "auto"
+    choice may pick recursive doubling or halving-doubling for small buckets: test the ring)."""
     n, results = parallel
     for result in results:
         got = result["one bucket"]
