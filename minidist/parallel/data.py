@@ -144,8 +144,8 @@ class DistributedDataParallel:
 
     # -- overlapped averaging, driven by gradient hooks
     def _grad_ready(self, p) -> None:
-        if not (self.overlap and self.require_sync):
-            return
+        if not (self.overlap and self.require_sync) or self.world.size == 1:
+            return  # nothing to average with (or accumulating locally under no_sync)
         bucket = self._bucket_of[id(p)]
         bucket.ready += 1
         if bucket.ready == len(bucket.params):
