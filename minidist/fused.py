@@ -118,7 +118,8 @@ class LayerNorm(Function):
     def backward(ctx, g):
         xhat, rstd, weight = ctx.saved
         n = xhat.shape[-1]
-        gw = (g * xhat).reshape(-1, n).sum(axis=0) if ctx.needs_input_grad[1] else None
+        # einsum multiplies and sums in one pass, without a temporary the size of x
+        gw = np.einsum("ij,ij->j", g.reshape(-1, n), xhat.reshape(-1, n)) if ctx.needs_input_grad[1] else None
         gb = g.reshape(-1, n).sum(axis=0) if ctx.needs_input_grad[2] else None
         gh = g * weight
         inv_n = 1.0 / n
@@ -144,40 +145,62 @@ class GELU(Function):
 
     d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 * 0.044715 x^2), with t = tanh(u).
     (x*x*x, never x**3: NumPy's power is ~200x slower here.)
-    """
 
-    # Both directions work in place on two temporaries: each pass over a large array costs
-    # about as much as the arithmetic, so fewer temporaries is faster (measured: 5.0 -> 3.6 ms
-    # per call at the demo's size).
+    Speed: each formula is a chain of about ten elementwise passes, and at the demo's size
+    (4 MB in float64) every pass would stream the arrays from main memory again. Working
+    through the arrays in blocks that fit in the CPU cache (`_blockwise`) lets the passes hit
+    the cache instead: measured 3.3 -> 2.3 ms forward and 3.5 -> 2.2 ms backward per call in
+    float64, with the same numbers.
+    """
 
     @staticmethod
     def forward(ctx, x):
-        t = x * x
-        t *= 0.044715 * _GELU_C
-        t += _GELU_C
-        t *= x                       # u = c (x + 0.044715 x^3)
-        np.tanh(t, out=t)            # t = tanh(u)
-        y = t + 1.0
-        y *= x
-        y *= 0.5
+        y, t = np.empty_like(x), np.empty_like(x)
+        _blockwise(_gelu_forward, x, y, t)
         ctx.save_for_backward(x, t)
         return y
 
     @staticmethod
     def backward(ctx, g):
         x, t = ctx.saved
-        d = t * t
-        np.subtract(1.0, d, out=d)                     # 1 - t^2
-        s = x * x
-        s *= 3 * 0.044715 * 0.5 * _GELU_C
-        s += 0.5 * _GELU_C                             # 0.5 c (1 + 3 * 0.044715 x^2)
-        d *= s
-        d *= x                                         # 0.5 x (1 - t^2) du/dx
-        np.multiply(t, 0.5, out=s)
-        d += s
-        d += 0.5                                       # + 0.5 (1 + t)
-        d *= g
+        d, scratch = np.empty_like(x), np.empty_like(x)
+        _blockwise(_gelu_backward, x, t, np.ascontiguousarray(g), d, scratch)
         return (d,)
+
+
+def _gelu_forward(x, y, t):
+    np.multiply(x, x, out=t)
+    t *= 0.044715 * _GELU_C
+    t += _GELU_C
+    t *= x                                      # u = c (x + 0.044715 x^3)
+    np.tanh(t, out=t)                           # t = tanh(u), kept for backward
+    np.add(t, 1.0, out=y)
+    y *= x
+    y *= 0.5                                    # y = 0.5 x (1 + t)
+
+
+def _gelu_backward(x, t, g, d, s):
+    np.multiply(t, t, out=d)
+    np.subtract(1.0, d, out=d)                  # 1 - t^2
+    np.multiply(x, x, out=s)
+    s *= 3 * 0.044715 * 0.5 * _GELU_C
+    s += 0.5 * _GELU_C                          # 0.5 c (1 + 3 * 0.044715 x^2)
+    d *= s
+    d *= x                                      # 0.5 x (1 - t^2) du/dx
+    np.multiply(t, 0.5, out=s)
+    d += s
+    d += 0.5                                    # + 0.5 (1 + t)
+    d *= g
+
+
+_BLOCK = 1 << 16  # elements per block: 256-512 KB per array, a few arrays fit in L2/L3
+
+
+def _blockwise(fn, *arrays):
+    """Apply an elementwise `fn(*blocks)` block by block over C-contiguous arrays of one size."""
+    flat = [a.reshape(-1) for a in arrays]
+    for start in range(0, flat[0].size, _BLOCK):
+        fn(*(a[start:start + _BLOCK] for a in flat))
 
 
 def gelu(x):
@@ -188,10 +211,23 @@ def gelu(x):
 
 
 def _softmax_array(x, axis):
-    y = x - x.max(axis=axis, keepdims=True)  # subtracting the max keeps exp from overflowing
-    np.exp(y, out=y)
-    y /= y.sum(axis=axis, keepdims=True)
+    if axis not in (-1, x.ndim - 1) or not x.flags.c_contiguous:
+        y = x - x.max(axis=axis, keepdims=True)
+        np.exp(y, out=y)
+        y /= y.sum(axis=axis, keepdims=True)
+        return y
+    y = np.empty_like(x)  # over the last axis: rows in cache-sized blocks (see _blockwise)
+    rows_in, rows_out = x.reshape(-1, x.shape[-1]), y.reshape(-1, x.shape[-1])
+    step = max(1, _BLOCK // max(1, x.shape[-1]))
+    for start in range(0, rows_in.shape[0], step):
+        _softmax_rows(rows_in[start:start + step], rows_out[start:start + step])
     return y
+
+
+def _softmax_rows(x, y):
+    np.subtract(x, x.max(axis=-1, keepdims=True), out=y)  # the max keeps exp from overflowing
+    np.exp(y, out=y)
+    y /= y.sum(axis=-1, keepdims=True)
 
 
 class Softmax(Function):
@@ -248,9 +284,8 @@ class ScaledDotProductAttention(Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal, dropout_p, rng):
-        d = q.shape[-1]
-        scores = q @ np.swapaxes(k, -1, -2)
-        scores *= 1.0 / math.sqrt(d)
+        # scale q (B,H,T,D) rather than the scores (B,H,T,T): half the elements to touch
+        scores = (q * (1.0 / math.sqrt(q.shape[-1]))) @ np.swapaxes(k, -1, -2)
         if causal:  # adding -inf above the diagonal: one pass, where boolean indexing takes several
             scores += _causal_mask(*scores.shape[-2:], scores.dtype)
         weights = _softmax_array(scores, -1)
@@ -272,11 +307,13 @@ class ScaledDotProductAttention(Function):
         if mask is not None:
             ga *= mask
         gs = ga
-        gs -= (ga * weights).sum(axis=-1, keepdims=True)
+        gs -= np.einsum("...ij,...ij->...i", ga, weights)[..., None]
         gs *= weights
-        gs *= 1.0 / math.sqrt(q.shape[-1])
+        scale = 1.0 / math.sqrt(q.shape[-1])  # applied to the (B,H,T,D) results, not to gs
         gq = gs @ k
+        gq *= scale
         gk = np.swapaxes(gs, -1, -2) @ q
+        gk *= scale
         return gq, gk, gv, None, None, None
 
 

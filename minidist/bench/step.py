@@ -10,6 +10,8 @@ n_embd 128, 4 layers, 4 heads, batch 16) in float32 and float64 and prints, side
   dependency of minidist: `pip install torch` to see it);
 - where minidist's time goes, per operation (`minidist.tensor.profile`).
 
+The three are timed in turns, step after step, so that they share the machine's conditions.
+
 Run it with one BLAS thread (OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1): that is how ranks run.
 """
 from __future__ import annotations
@@ -36,15 +38,21 @@ def batch(config: GPTConfig, batch_size: int, seed: int = 0):
     return x, y
 
 
-def median_seconds(fn, steps: int, warmup: int) -> float:
+def interleaved_medians(fns: dict, steps: int, warmup: int) -> dict:
+    """Median seconds of each function, timed in turns (a, b, c, a, b, c, ...).
+
+    On a shared machine the speed drifts from one second to the next; timing the contenders in
+    turns lets every one of them see the same conditions, so their ratio stays meaningful."""
     for _ in range(warmup):
-        fn()
-    times = []
+        for fn in fns.values():
+            fn()
+    times = {name: [] for name in fns}
     for _ in range(steps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: float(np.median(t)) for name, t in times.items()}
 
 
 def minidist_step(config, batch_size, dtype):
@@ -122,10 +130,12 @@ def main(argv=None):
     records = []
     for dtype in dtypes:
         step, model, _ = minidist_step(CONFIG, BATCH, dtype)
-        ours = median_seconds(step, args.steps, args.warmup)
-        floor = median_seconds(matmul_floor(CONFIG, BATCH, dtype), args.steps, args.warmup)
+        contenders = {"minidist": step, "floor": matmul_floor(CONFIG, BATCH, dtype)}
         torch_fn = None if args.no_torch else torch_step(CONFIG, BATCH, dtype)
-        theirs = median_seconds(torch_fn, args.steps, args.warmup) if torch_fn else None
+        if torch_fn:
+            contenders["torch"] = torch_fn
+        medians = interleaved_medians(contenders, args.steps, args.warmup)
+        ours, floor, theirs = medians["minidist"], medians["floor"], medians.get("torch")
         with profile() as ops:
             step()
         record = {"benchmark": "step", "dtype": dtype, "batch": BATCH, "tokens": tokens,
