@@ -24,6 +24,7 @@ returning garbage. Benchmarks switch it off with `set_check(False)`.
 """
 from __future__ import annotations
 
+import functools
 import zlib
 
 import numpy as np
@@ -198,6 +199,7 @@ def all_reduce(array: np.ndarray, op: str = "sum", group: World | None = None,
     return _run(steps(), array, async_op)
 
 
+@functools.lru_cache(maxsize=1024)  # a pure function of (nbytes, n): decide once, not per call
 def auto_algorithm(nbytes: int, n: int) -> str:
     """The all-reduce algorithm="auto" uses for `nbytes` on `n` ranks: fewest steps for small
     arrays (recursive doubling), fewest bytes in fewest steps for large ones (halving-doubling
