@@ -3,7 +3,7 @@ import pytest
 
 from minidist.parallel.schedules import (BACKWARD, FORWARD, RECV_ACT, RECV_GRAD, SEND_ACT, SEND_GRAD, STEP, Deadlock, Instruction,
                                          all_ranks, bubble_fraction, bubble_theory, check, make_schedule,
-                                         one_f_one_b, peak_in_flight, simulate)
+                                         interleaved, one_f_one_b, peak_in_flight, simulate)
 
 LAYOUTS = [(p, m) for p in (1, 2, 3, 4) for m in (1, 2, 3, 4, 8)]
 
@@ -100,3 +100,73 @@ def test_bad_arguments():
         make_schedule("1f1b", 0, 2, 0)
     with pytest.raises(ValueError, match="0 <= rank < stages"):
         make_schedule("gpipe", 2, 2, 4)
+
+
+# ----------------------------------------------------------------------------- interleaved 1F1B
+
+INTERLEAVED = [(p, v, m) for p in (2, 4) for v in (2, 3) for m in (p, 2 * p, 4 * p)]
+
+
+@pytest.mark.parametrize("p, v, m", INTERLEAVED)
+def test_interleaved_is_a_correct_pipeline_step_with_a_smaller_bubble(p, v, m):
+    schedules = all_ranks("interleaved", p, m, v)
+    check(schedules)  # every (micro-batch, chunk) forward before its backward, sends matched, no deadlock
+    for r, s in enumerate(schedules):  # rank r runs forward and backward of every micro-batch on each of its v chunks
+        assert sorted((i.micro, i.chunk) for i in s if i.kind == FORWARD) == [(k, c) for k in range(m) for c in range(v)]
+    # a chunk is 1/v of a stage: forward 1/v, backward 2/v (the bubble does not depend on the unit)
+    events = simulate(schedules, forward=1.0 / v, backward=2.0 / v)
+    assert bubble_theory(p, m, v) == (p - 1) / (v * m + p - 1)
+    assert bubble_fraction(events) == pytest.approx(bubble_theory(p, m, v), abs=1e-12)
+    span = max(e[3] for ev in events for e in ev)
+    assert span == pytest.approx((m + (p - 1) / v) * 3.0)  # the fill and drain shrink v-fold, the work does not
+    assert bubble_fraction(events) < bubble_fraction(simulate(all_ranks("1f1b", p, m)))
+    for ratio in (1.0, 3.0):  # the formula holds for any ratio of backward to forward time
+        assert bubble_fraction(simulate(schedules, forward=1.0, backward=ratio)) == pytest.approx(bubble_theory(p, m, v))
+
+
+def test_interleaved_layout_messages_and_warmup():
+    p, m, v = 2, 4, 2
+    schedules = all_ranks("interleaved", p, m, v)
+    # groups of p micro-batches go through chunk 0, then chunk 1; backwards take the chunks in reverse
+    compute = [[repr(i) for i in s if i.kind in (FORWARD, BACKWARD)] for s in schedules]
+    assert compute[0] == "F0 F1 F0.1 F1.1 F2 B0.1 F3 B1.1 F2.1 B0 F3.1 B1 B2.1 B3.1 B2 B3".split()
+    assert compute[1] == "F0 F1 F0.1 B0.1 F1.1 B1.1 F2 B0 F3 B1 F2.1 B2.1 F3.1 B3.1 B2 B3".split()
+    # the pipeline wraps around: the last rank's chunk 0 sends to rank 0's chunk 1, and back
+    assert Instruction(SEND_ACT, 0, 0) in schedules[1] and Instruction(RECV_ACT, 0, 1) in schedules[0]
+    assert Instruction(SEND_GRAD, 0, 1) in schedules[0] and Instruction(RECV_GRAD, 0, 0) in schedules[1]
+    assert Instruction(RECV_ACT, 0, 0) not in schedules[0] and Instruction(SEND_ACT, 0, 1) not in schedules[1]
+    # v times the activation messages of 1F1B: every chunk boundary is a message, p v - 1 per micro-batch
+    sends = lambda s: sum(i.kind == SEND_ACT for r in s for i in r)
+    assert sends(schedules) == m * (p * v - 1) and sends(all_ranks("1f1b", p, m)) == m * (p - 1)
+    # warm-up (Megatron-LM): (v - 1) p + 2 (p - r - 1) forwards before the steady state
+    for p, v, m in [(4, 2, 8), (4, 3, 8)]:
+        for r, s in enumerate(all_ranks("interleaved", p, m, v)):
+            kinds = [i.kind for i in s if i.kind in (FORWARD, BACKWARD)]
+            assert kinds.index(BACKWARD) == (v - 1) * p + 2 * (p - r - 1) + 1  # warm-up, then one steady forward
+            # activations held, in (micro-batch, chunk) pairs of 1/v stage each: rank 0 holds p + (p - 1)/v stages' worth
+            assert peak_in_flight(s) == min((v - 1) * p + 2 * (p - r - 1) + 1, m * v)
+
+
+def test_interleaved_warmup_one_fewer_is_enough_with_free_messages():
+    """Megatron-LM's warm-up keeps one forward more than the ideal timings need on every rank but
+    the last: one fewer gives the same bubble with one chunk of activations less; two fewer stalls."""
+    p, m, v = 4, 8, 2
+    def variant(extra):
+        s = [list(interleaved(r, p, m, v, warmup=(v - 1) * p + 2 * (p - r - 1) + (extra if r < p - 1 else 0)))
+             for r in range(p)]
+        check(s)
+        return bubble_fraction(simulate(s)), [peak_in_flight(x) for x in s]
+    (b2, _), (b1, mem1), (b0, mem0) = variant(-2), variant(-1), variant(0)
+    assert b0 == pytest.approx(bubble_theory(p, m, v)) and b1 == pytest.approx(b0) and b2 > b0 + 0.1
+    assert mem1 == [x - 1 for x in mem0[:-1]] + mem0[-1:]
+
+
+def test_interleaved_needs_m_a_multiple_of_p():
+    with pytest.raises(ValueError, match=r"m=6 is not a multiple of pp=4 \(6 % 4 = 2\)"):
+        make_schedule("interleaved", 0, 4, 6, 2)
+    with pytest.raises(ValueError, match="virtual_stages >= 1"):
+        make_schedule("interleaved", 0, 2, 2, 0)
+    with pytest.raises(ValueError, match="virtual_stages=2 needs schedule 'interleaved'"):
+        make_schedule("1f1b", 0, 2, 2, 2)
+    # v = 1 is a plain pipeline: the bubble of 1F1B (with Megatron's longer warm-up)
+    assert bubble_fraction(simulate(all_ranks("interleaved", 4, 8, 1))) == pytest.approx(bubble_theory(4, 8))

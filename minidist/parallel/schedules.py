@@ -10,7 +10,7 @@ optimizer". Write the lists down as data and three things become easy:
 - they can be simulated with ideal timings (`simulate`) to draw the schedule a textbook draws,
   beside the real run, and to compute its bubble: (p - 1) / (m + p - 1).
 
-Two schedules, for p stages and m micro-batches:
+Three schedules, for p stages and m micro-batches:
 
 - **GPipe** (`gpipe`): all m forwards, then all m backwards. Simple, but each stage holds the
   activations of all m micro-batches at once.
@@ -19,8 +19,12 @@ Two schedules, for p stages and m micro-batches:
   gradient to come back — then alternates one forward and one backward, then drains the
   remaining backwards (cool-down). Same bubble as GPipe, but stage r holds at most p - r
   micro-batches of activations instead of m.
+- **Interleaved 1F1B** (`interleaved`, Megatron-LM's virtual pipeline stages): the model is cut
+  into p * v chunks, rank r holding chunks r, r + p, ...; each instruction names its local chunk
+  (0..v-1). The pipeline fills and drains in chunk-sized slots, so the bubble shrinks to
+  (p - 1) / (v m + p - 1), for v times as many activation messages. m must be a multiple of p.
 
-Naive model parallelism (chapter 4) is either schedule with m = 1.
+Naive model parallelism (chapter 4) is GPipe or 1F1B with m = 1.
 
 A send is *posted* (`isend`): the engine does not wait for it to be received before going on.
 That matters: with blocking (rendezvous) sends 1F1B deadlocks — stage r would sit in "send
@@ -41,11 +45,15 @@ STEP = "step"                                    # clip, sync tied weights, opti
 class Instruction(NamedTuple):
     kind: str
     micro: int = -1  # micro-batch index (-1 for the optimizer step)
+    chunk: int = 0   # which of this rank's model chunks (virtual stages); always 0 unless interleaved
 
     def __repr__(self):
         short = {FORWARD: "F", BACKWARD: "B", RECV_ACT: "recv_act ", SEND_ACT: "send_act ",
                  RECV_GRAD: "recv_grad ", SEND_GRAD: "send_grad "}
-        return "step" if self.kind == STEP else f"{short[self.kind]}{self.micro}"
+        if self.kind == STEP:
+            return "step"
+        # chunk 0 prints as before ("F3"); a later chunk as "F3.1" = micro-batch 3 on chunk 1
+        return f"{short[self.kind]}{self.micro}" + (f".{self.chunk}" if self.chunk else "")
 
 
 class Deadlock(RuntimeError):
@@ -55,20 +63,24 @@ class Deadlock(RuntimeError):
 # ----------------------------------------------------------------------------- the two schedules
 
 
-def _forward(rank: int, stages: int, i: int) -> Iterator[Instruction]:
-    if rank > 0:
-        yield Instruction(RECV_ACT, i)
-    yield Instruction(FORWARD, i)
-    if rank < stages - 1:
-        yield Instruction(SEND_ACT, i)
+def _forward(rank: int, stages: int, i: int, chunk: int = 0, chunks: int = 1) -> Iterator[Instruction]:
+    """Forward of micro-batch i on virtual stage chunk * p + rank: receive unless it is the very
+    first of the p * v virtual stages, send on unless it is the very last."""
+    virtual = chunk * stages + rank
+    if virtual > 0:
+        yield Instruction(RECV_ACT, i, chunk)
+    yield Instruction(FORWARD, i, chunk)
+    if virtual < stages * chunks - 1:
+        yield Instruction(SEND_ACT, i, chunk)
 
 
-def _backward(rank: int, stages: int, i: int) -> Iterator[Instruction]:
-    if rank < stages - 1:
-        yield Instruction(RECV_GRAD, i)
-    yield Instruction(BACKWARD, i)
-    if rank > 0:
-        yield Instruction(SEND_GRAD, i)
+def _backward(rank: int, stages: int, i: int, chunk: int = 0, chunks: int = 1) -> Iterator[Instruction]:
+    virtual = chunk * stages + rank
+    if virtual < stages * chunks - 1:
+        yield Instruction(RECV_GRAD, i, chunk)
+    yield Instruction(BACKWARD, i, chunk)
+    if virtual > 0:
+        yield Instruction(SEND_GRAD, i, chunk)
 
 
 def _check_args(rank: int, stages: int, microbatches: int) -> None:
@@ -108,23 +120,89 @@ def one_f_one_b(rank: int, stages: int, microbatches: int, warmup: int | None = 
     yield Instruction(STEP)
 
 
-SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b}
+def check_interleaved(stages: int, microbatches: int, virtual_stages: int) -> None:
+    """The interleaved schedule's own conditions (Megatron-LM's): v >= 1 and m a multiple of p."""
+    if virtual_stages < 1:
+        raise ValueError(f"interleaved schedule needs virtual_stages >= 1, got {virtual_stages}")
+    if microbatches % stages:
+        raise ValueError(f"interleaved schedule needs the micro-batches to be a multiple of the stages "
+                         f"(as Megatron-LM's): m={microbatches} is not a multiple of pp={stages} "
+                         f"({microbatches} % {stages} = {microbatches % stages})")
 
 
-def make_schedule(name: str, rank: int, stages: int, microbatches: int) -> list[Instruction]:
-    """Rank `rank`'s instruction list of schedule `name` ("gpipe" or "1f1b")."""
+def interleaved(rank: int, stages: int, microbatches: int, virtual_stages: int = 2,
+                warmup: int | None = None) -> Iterator[Instruction]:
+    """Interleaved 1F1B (Megatron-LM's virtual pipeline stages): the model is cut into p * v
+    chunks; rank r holds chunks r, r + p, r + 2p, ... (its local chunks 0..v-1).
+
+    Each rank walks through m * v "virtual micro-batches" k = 0, 1, ...: in groups of p
+    micro-batches, first chunk 0 of the group, then chunk 1, ..., then the next group. So
+    forward k is micro-batch (k // (p v)) * p + k % p on chunk (k % (p v)) // p; backwards go
+    through the chunks in reverse (the last chunk's gradient comes first). That grouping is why
+    m must be a multiple of p. Warm-up: (v - 1) * p forwards to get micro-batch 0 into the last
+    chunk, plus 2 * (p - r - 1) to cover its way to the last rank and its gradient's way back;
+    then one forward / one backward; then the cool-down. (With free messages one warm-up forward
+    fewer on every rank but the last keeps the same bubble — tests/test_schedules.py shows it;
+    we keep Megatron-LM's count, the one its code uses. `warmup` overrides it.)
+    """
+    _check_args(rank, stages, microbatches)
+    check_interleaved(stages, microbatches, virtual_stages)
+    p, v = stages, virtual_stages
+    total = microbatches * v
+
+    def micro_chunk(k: int, forward: bool) -> tuple[int, int]:
+        group, within = divmod(k, p * v)
+        chunk = within // p
+        return group * p + within % p, (chunk if forward else v - 1 - chunk)
+
+    if warmup is None:
+        warmup = 2 * (p - rank - 1) + (v - 1) * p
+    warmup = min(max(0, warmup), total)
+
+    def fwd(k):
+        i, c = micro_chunk(k, True)
+        return _forward(rank, p, i, c, v)
+
+    def bwd(k):
+        i, c = micro_chunk(k, False)
+        return _backward(rank, p, i, c, v)
+
+    for k in range(warmup):
+        yield from fwd(k)
+    for k in range(total - warmup):  # steady state: forward warmup + k, then backward k
+        yield from fwd(warmup + k)
+        yield from bwd(k)
+    for k in range(total - warmup, total):  # cool-down
+        yield from bwd(k)
+    yield Instruction(STEP)
+
+
+SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved}
+
+
+def make_schedule(name: str, rank: int, stages: int, microbatches: int, virtual_stages: int = 1) -> list[Instruction]:
+    """Rank `rank`'s instruction list of schedule `name` ("gpipe", "1f1b" or "interleaved" with
+    `virtual_stages` chunks per rank; the other two have one chunk per rank)."""
     if name not in SCHEDULES:
         raise ValueError(f"unknown pipeline schedule {name!r}; choose from {sorted(SCHEDULES)}")
+    if name == "interleaved":
+        return list(interleaved(rank, stages, microbatches, virtual_stages))
+    if virtual_stages != 1:
+        raise ValueError(f"schedule {name!r} holds one chunk per rank; virtual_stages={virtual_stages} "
+                         "needs schedule 'interleaved'")
     return list(SCHEDULES[name](rank, stages, microbatches))
 
 
-def all_ranks(name: str, stages: int, microbatches: int) -> list[list[Instruction]]:
-    return [make_schedule(name, r, stages, microbatches) for r in range(stages)]
+def all_ranks(name: str, stages: int, microbatches: int, virtual_stages: int = 1) -> list[list[Instruction]]:
+    return [make_schedule(name, r, stages, microbatches, virtual_stages) for r in range(stages)]
 
 
-def bubble_theory(stages: int, microbatches: int) -> float:
-    """The idle fraction of a GPipe or 1F1B pipeline: (p - 1) / (m + p - 1)."""
-    return (stages - 1) / (microbatches + stages - 1)
+def bubble_theory(stages: int, microbatches: int, virtual_stages: int = 1) -> float:
+    """The idle fraction of a pipeline: (p - 1) / (v m + p - 1); v = 1 for GPipe and 1F1B.
+
+    Interleaved: each chunk's forward and backward take 1/v of a whole stage's, and the schedule
+    fills and drains the pipeline in p - 1 *chunk* slots instead of p - 1 stage slots."""
+    return (stages - 1) / (virtual_stages * microbatches + stages - 1)
 
 
 def peak_in_flight(schedule: list[Instruction]) -> int:
@@ -139,10 +217,20 @@ def peak_in_flight(schedule: list[Instruction]) -> int:
 # ----------------------------------------------------------------------------- checking
 
 
-def _peer_of(kind: str, rank: int) -> tuple[int, str]:
-    """Where a message goes (or comes from), and the instruction that matches it there."""
-    return {SEND_ACT: (rank + 1, RECV_ACT), RECV_ACT: (rank - 1, SEND_ACT),
-            SEND_GRAD: (rank - 1, RECV_GRAD), RECV_GRAD: (rank + 1, SEND_GRAD)}[kind]
+def _peer_of(ins: Instruction, rank: int, stages: int) -> tuple[int, Instruction]:
+    """Where a message goes (or comes from), and the instruction that matches it there.
+
+    Counted in virtual stages s = chunk * p + rank: activations go from s to s + 1, gradients from
+    s to s - 1. With one chunk per rank that is rank r + 1 or r - 1; interleaved, the last rank's
+    chunk c sends on to rank 0's chunk c + 1 (the pipeline wraps around)."""
+    step, match = {SEND_ACT: (1, RECV_ACT), RECV_ACT: (-1, SEND_ACT),
+                   SEND_GRAD: (-1, RECV_GRAD), RECV_GRAD: (1, SEND_GRAD)}[ins.kind]
+    chunk, peer = divmod(ins.chunk * stages + rank + step, stages)
+    return peer, Instruction(match, ins.micro, chunk)
+
+
+def _which(ins: Instruction) -> str:
+    return f"{ins.micro}" + (f" (chunk {ins.chunk})" if ins.chunk else "")
 
 
 def check(schedules: list[list[Instruction]]) -> None:
@@ -153,30 +241,30 @@ def check(schedules: list[list[Instruction]]) -> None:
     (and vice versa); and the lists run to the end without deadlock (posted sends).
     """
     p = len(schedules)
-    micro = sorted({ins.micro for s in schedules for ins in s if ins.kind == FORWARD})
+    # the work: every (micro-batch, chunk) pair any rank runs; each rank must run each once
+    micro = sorted({(ins.micro, ins.chunk) for s in schedules for ins in s if ins.kind == FORWARD})
     for r, schedule in enumerate(schedules):
         done_forward = set()
         for ins in schedule:
             if ins.kind == FORWARD:
-                if ins.micro in done_forward:
-                    raise ValueError(f"rank {r}: forward {ins.micro} twice")
-                done_forward.add(ins.micro)
-            elif ins.kind == BACKWARD and ins.micro not in done_forward:
-                raise ValueError(f"rank {r}: backward {ins.micro} before its forward")
-        backwards = sorted(ins.micro for ins in schedule if ins.kind == BACKWARD)
+                if (ins.micro, ins.chunk) in done_forward:
+                    raise ValueError(f"rank {r}: forward {_which(ins)} twice")
+                done_forward.add((ins.micro, ins.chunk))
+            elif ins.kind == BACKWARD and (ins.micro, ins.chunk) not in done_forward:
+                raise ValueError(f"rank {r}: backward {_which(ins)} before its forward")
+        backwards = sorted((ins.micro, ins.chunk) for ins in schedule if ins.kind == BACKWARD)
         if sorted(done_forward) != micro or backwards != micro:
-            raise ValueError(f"rank {r}: forwards {sorted(done_forward)} and backwards {backwards}, "
-                             f"expected each of {micro} once")
+            raise ValueError(f"rank {r}: forwards {sorted(done_forward)} and backwards {backwards} "
+                             f"(micro-batch, chunk), expected each of {micro} once")
         if [ins.kind for ins in schedule].count(STEP) != 1 or schedule[-1].kind != STEP:
             raise ValueError(f"rank {r}: must end with exactly one optimizer step")
         for ins in schedule:
             if ins.kind in (SEND_ACT, RECV_ACT, SEND_GRAD, RECV_GRAD):
-                peer, match = _peer_of(ins.kind, r)
-                if not 0 <= peer < p:
-                    raise ValueError(f"rank {r}: {ins!r} has no neighbour rank {peer}")
-                if schedules[peer].count(Instruction(match, ins.micro)) != 1 or schedule.count(ins) != 1:
-                    raise ValueError(f"rank {r}: {ins!r} is not matched by exactly one {match} {ins.micro} "
-                                     f"on rank {peer}")
+                peer, match = _peer_of(ins, r, p)
+                if match.chunk < 0:
+                    raise ValueError(f"rank {r}: {ins!r} has no neighbour (it is the first stage)")
+                if schedules[peer].count(match) != 1 or schedule.count(ins) != 1:
+                    raise ValueError(f"rank {r}: {ins!r} is not matched by exactly one {match!r} on rank {peer}")
     simulate(schedules)  # raises Deadlock if the lists cannot run to the end
 
 
@@ -195,7 +283,7 @@ def simulate(schedules: list[list[Instruction]], forward: float = 1.0, backward:
     """
     p = len(schedules)
     pc, clock = [0] * p, [0.0] * p
-    posted: dict[tuple, float] = {}  # (sender, kind, micro) -> time the send was posted
+    posted: dict[tuple, float] = {}  # (sender, send instruction) -> time the send was posted
     events: list[list[tuple]] = [[] for _ in range(p)]
 
     def next_of(r):
@@ -213,24 +301,24 @@ def simulate(schedules: list[list[Instruction]], forward: float = 1.0, backward:
             while (ins := next_of(r)) is not None:
                 if ins.kind in (FORWARD, BACKWARD):
                     duration = forward if ins.kind == FORWARD else backward
-                    events[r].append((f"{ins.kind} {ins.micro}", ins.kind, clock[r], clock[r] + duration))
+                    events[r].append((f"{ins.kind} {_which(ins)}", ins.kind, clock[r], clock[r] + duration))
                     clock[r] += duration
                 elif ins.kind == STEP:
                     pass
                 elif ins.kind in (SEND_ACT, SEND_GRAD):
-                    peer, match = _peer_of(ins.kind, r)
+                    peer, match = _peer_of(ins, r, p)
                     if blocking_sends:
-                        if next_of(peer) != Instruction(match, ins.micro):
+                        if next_of(peer) != match:
                             break  # rendezvous: wait until the receiver is there
                         t = max(clock[r], clock[peer])
                         wait_until(r, t)
                         wait_until(peer, t)
                         pc[peer] += 1
                     else:
-                        posted[(r, ins.kind, ins.micro)] = clock[r]
+                        posted[(r, ins)] = clock[r]
                 else:  # a receive: possible once the matching send was posted
-                    peer, match = _peer_of(ins.kind, r)
-                    key = (peer, match, ins.micro)
+                    peer, match = _peer_of(ins, r, p)
+                    key = (peer, match)
                     if key not in posted:
                         break
                     wait_until(r, posted.pop(key))
