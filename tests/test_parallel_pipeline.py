@@ -1,8 +1,10 @@
 """Model and pipeline parallelism reproduce the serial run (chapters 4 and 5), under real mpiexec.
 
 One launch per world size (pp = 2, 4) runs every variant — GPipe and 1F1B with m = 1, 2, 4, 8
-micro-batches, and untied embeddings — for a few float64 steps (gradient clipping is active:
-the serial norms are 2.3, 1.7, 1.5 > 1). The serial reference runs here, in the test process.
+micro-batches, untied embeddings, and interleaved 1F1B with v = 2 chunks per rank (pp = 2:
+n_layer 4, m = 2 and 4; pp = 4: n_layer 8, m = 4) — for a few float64 steps (gradient clipping
+is active: the serial norms are 2.3, 1.7, 1.5 > 1). The serial reference runs here, in the test
+process.
 """
 import numpy as np
 import pytest
@@ -10,7 +12,7 @@ import pytest
 from minidist.data import make_task
 from minidist.dist.launch import RankError, run
 from minidist.model import GPTConfig
-from minidist.parallel.pipeline import check_layout, partition
+from minidist.parallel.pipeline import check_layout, chunk_layers, partition
 from minidist.parallel.schedules import make_schedule, peak_in_flight
 from minidist.tensor import default_dtype
 from minidist.train import OptimSettings, SerialTrainer
@@ -19,6 +21,8 @@ CONFIG = dict(vocab_size=256, block_size=16, n_layer=4, n_head=2, n_embd=16)
 STEPS, BATCH = 3, 8
 SETTINGS = dict(lr=1e-2, steps=STEPS, warmup=1, min_lr=1e-3, clip=1.0)
 VARIANTS = [(s, m, True) for s in ("gpipe", "1f1b") for m in (1, 2, 4, 8)] + [("1f1b", 4, False)]
+# interleaved, per world size: (n_layer, virtual stages v, micro-batches m)
+INTERLEAVED = {2: [(4, 2, 2), (4, 2, 4)], 4: [(8, 2, 4)]}
 
 
 def name(variant):
@@ -26,7 +30,11 @@ def name(variant):
     return f"{schedule} m={m}" + ("" if tied else " untied")
 
 
-def pp_rank_program(variants):
+def interleaved_name(n_layer, v, m):
+    return f"interleaved n_layer={n_layer} v={v} m={m}"
+
+
+def pp_rank_program(variants, interleaved=()):
     from minidist.dist import get_world
     from minidist.parallel.pipeline import PipelineTrainer
 
@@ -40,32 +48,47 @@ def pp_rank_program(variants):
             out[name((schedule, m, tied))] = {"results": results, "state": trainer.state_dict(),
                                               "report": trainer.pipeline_report(), "memory": trainer.memory(),
                                               "events": trainer.step_events(), "model": trainer.model}
+        for n_layer, v, m in interleaved:
+            trainer = PipelineTrainer(GPTConfig(**dict(CONFIG, n_layer=n_layer)), OptimSettings(**SETTINGS), task,
+                                      BATCH, seed=0, group=get_world(), microbatches=m, schedule="interleaved",
+                                      virtual_stages=v)
+            results = [trainer.step(s) for s in range(STEPS)]
+            out[interleaved_name(n_layer, v, m)] = {"results": results, "state": trainer.state_dict(),
+                                                    "report": trainer.pipeline_report(),
+                                                    "events": trainer.step_events()}
         errors = []
-        for config, batch, m in [(dict(CONFIG, n_layer=get_world().size - 1), 8, 2), (CONFIG, 6, 4)]:
+        n = get_world().size
+        for config, batch, m, schedule in [(dict(CONFIG, n_layer=n - 1), 8, 2, "1f1b"), (CONFIG, 6, 4, "1f1b"),
+                                           (dict(CONFIG, n_layer=2 * n - 1), 8, n, "interleaved"),
+                                           (dict(CONFIG, n_layer=2 * n), 2 * (n + 1), n + 1, "interleaved")]:
             try:
-                PipelineTrainer(GPTConfig(**config), OptimSettings(**SETTINGS), task, batch, microbatches=m)
+                PipelineTrainer(GPTConfig(**config), OptimSettings(**SETTINGS), task, batch, microbatches=m,
+                                schedule=schedule, virtual_stages=2 if schedule == "interleaved" else None)
             except ValueError as error:
                 errors.append(str(error))
         out["errors"] = errors
     return out
 
 
-def serial_reference(tied):
+def serial_reference(tied, n_layer=CONFIG["n_layer"]):
     with default_dtype("float64"):
         task = make_task("sort", CONFIG["block_size"], seed=0)
-        trainer = SerialTrainer(GPTConfig(**CONFIG, tie_weights=tied), OptimSettings(**SETTINGS), task, BATCH, seed=0)
+        trainer = SerialTrainer(GPTConfig(**dict(CONFIG, n_layer=n_layer), tie_weights=tied),
+                                OptimSettings(**SETTINGS), task, BATCH, seed=0)
         results = [trainer.step(s) for s in range(STEPS)]
         return results, trainer.state_dict()
 
 
 @pytest.fixture(scope="module")
 def serial():
-    return {tied: serial_reference(tied) for tied in (True, False)}
+    """Keyed by tied (n_layer 4), and by ("n_layer", 8) for the p = 4 interleaved case."""
+    return {True: serial_reference(True), False: serial_reference(False), ("n_layer", 8): serial_reference(True, 8)}
 
 
 @pytest.fixture(scope="module", params=[2, 4])
 def parallel(request):
-    return request.param, run(pp_rank_program, request.param, VARIANTS, timeout=240)
+    n = request.param
+    return n, run(pp_rank_program, n, VARIANTS, INTERLEAVED[n], timeout=240)
 
 
 def relative_difference(a, b):
@@ -90,6 +113,37 @@ def test_pipeline_equals_serial(serial, parallel, variant):
             diff = relative_difference(value, serial_state[key])
             assert diff <= 1e-9, f"pp={n} rank {rank} {name(variant)}: {key} differs from serial by {diff:.2e}"
         assert got["model"] is None
+
+
+def test_interleaved_equals_serial(serial, parallel):
+    n, results = parallel
+    for n_layer, v, m in INTERLEAVED[n]:
+        key = interleaved_name(n_layer, v, m)
+        serial_results, serial_state = serial[True] if n_layer == CONFIG["n_layer"] else serial["n_layer", n_layer]
+        full = results[0][key]["state"]
+        assert list(full) == list(serial_state), "rank 0 must hold the whole model, with the serial keys in order"
+        for rank, result in enumerate(results):
+            got = result[key]
+            np.testing.assert_allclose(np.array(got["results"]), np.array(serial_results), rtol=1e-9,
+                                       err_msg=f"pp={n} rank {rank} {key}")
+            state = full if rank == 0 else got["state"]
+            for name_, value in state.items():
+                diff = relative_difference(value, serial_state[name_])
+                assert diff <= 1e-9, f"pp={n} rank {rank} {key}: {name_} differs from serial by {diff:.2e}"
+            if rank:  # rank r holds the non-adjacent chunks r, r + p, ...: e.g. p = 2, rank 1 holds h.1 and h.3
+                layers = {int(k.split(".")[1]) for k in state if k.startswith("h.")}
+                assert layers == {i for start, end in chunk_layers(n_layer, n, rank, v) for i in range(start, end)}
+                assert layers == set(range(rank, n_layer, n))  # these cases: one block per chunk
+            # the same report everywhere; the activations held are what the schedule predicts
+            report = got["report"]
+            assert report == results[0][key]["report"]
+            assert report["schedule"] == "interleaved" and report["virtual_stages"] == v
+            assert report["bubble_theory"] == pytest.approx((n - 1) / (v * m + n - 1))
+            assert [a["microbatches"] for a in report["peak_activations"]] == [
+                peak_in_flight(make_schedule("interleaved", r, n, m, v)) for r in range(n)]
+            # every chunk's forward and backward ran: v * m of each on every rank
+            kinds = [e[1] for e in got["events"]]
+            assert kinds.count("forward") == kinds.count("backward") == v * m
 
 
 def test_stages_hold_their_layers_and_the_tied_copy(parallel):
@@ -145,14 +199,24 @@ def test_bad_layouts_fail_on_every_rank_before_any_message(parallel):
         assert result["errors"] == [
             f"pipeline of pp={n} stages needs at least {n} layers, but the model has n_layer={n - 1}: "
             "each stage must hold at least one block",
-            "global batch 6 does not split into 4 micro-batches (6 % 4 = 2)"]
+            "global batch 6 does not split into 4 micro-batches (6 % 4 = 2)",
+            f"interleaved pipeline of pp={n} stages x virtual_stages=2 = {2 * n} chunks needs at least {2 * n} "
+            f"layers, but the model has n_layer={2 * n - 1}: each chunk must hold at least one block",
+            f"interleaved schedule needs the micro-batches to be a multiple of the stages (as Megatron-LM's): "
+            f"m={n + 1} is not a multiple of pp={n} ({n + 1} % {n} = 1)"]
 
 
 def test_check_layout_without_mpi():
     config = GPTConfig(**CONFIG)
     check_layout(config, 8, 4, 8, "1f1b")
-    with pytest.raises(ValueError, match="unknown pipeline schedule 'interleaved'"):
-        check_layout(config, 8, 2, 2, "interleaved")
+    with pytest.raises(ValueError, match="unknown pipeline schedule 'zb'"):
+        check_layout(config, 8, 2, 2, "zb")
+    check_layout(config, 8, 2, 2, "interleaved", 2)
+    with pytest.raises(ValueError, match="m=2 is not a multiple of pp=4"):
+        check_layout(GPTConfig(**dict(CONFIG, n_layer=8)), 8, 4, 2, "interleaved", 2)
+    with pytest.raises(ValueError, match="virtual_stages=2 needs schedule 'interleaved'"):
+        check_layout(config, 8, 2, 2, "1f1b", 2)
+    assert chunk_layers(4, 2, 0, 2) == [(0, 1), (2, 3)] and chunk_layers(8, 2, 1, 2) == [(2, 4), (6, 8)]
     with pytest.raises(ValueError, match="microbatches must be >= 1"):
         check_layout(config, 8, 2, 0, "gpipe")
     assert partition(5, 2) == [(0, 3), (3, 5)] and partition(4, 4) == [(0, 1), (1, 2), (2, 3), (3, 4)]

@@ -13,6 +13,11 @@ LayerNorm, the LM head and the loss.
   *schedule* — GPipe or 1F1B — a list of instructions per rank made in `schedules.py`; the
   engine here (`PipelineTrainer._run`) simply executes that list. The idle time left, the
   *bubble*, is (p - 1) / (m + p - 1) of the step.
+- Chapter 5, **interleaved 1F1B** (Megatron-LM's virtual pipeline stages): cut the model into
+  p * v chunks instead of p, and give rank r the chunks r, r + p, r + 2p, ... (`virtual_stages=v`;
+  with p = 2, v = 2 rank 0 holds blocks 0 and 2, rank 1 blocks 1 and 3). The same engine runs
+  it: each instruction names its chunk, and a message goes to the next *chunk*, which on the
+  last rank is chunk c + 1 on rank 0. Bubble (p - 1) / (v m + p - 1), for v times the messages.
 
 Parallel equals serial: each stage builds only its own parameters, with the serial GPT's names
 (`h.2.attn.q_proj.weight` ...), so `init_weights` draws the very numbers the serial model starts
@@ -47,7 +52,7 @@ from minidist.tensor import Tensor, graph_bytes
 from minidist.timeline import Timeline
 from minidist.train import OptimSettings, make_optimizer
 
-TIED_TAG = 1 << 20  # above every activation/gradient tag (2 * micro + direction)
+TIED_TAG = 1 << 20  # above every activation/gradient tag (2 * (micro * p * v + edge) + direction)
 
 
 def partition(n_layer: int, stages: int) -> list[tuple[int, int]]:
@@ -58,12 +63,22 @@ def partition(n_layer: int, stages: int) -> list[tuple[int, int]]:
     return [(int(bounds[r]), int(bounds[r + 1])) for r in range(stages)]
 
 
-def check_layout(config: GPTConfig, batch_size: int, stages: int, microbatches: int, schedule: str) -> None:
+def check_layout(config: GPTConfig, batch_size: int, stages: int, microbatches: int, schedule: str,
+                 virtual_stages: int = 1) -> None:
     """Every way the layout can be wrong, found identically on every rank before any message."""
     if schedule not in S.SCHEDULES:
         raise ValueError(f"unknown pipeline schedule {schedule!r}; choose from {sorted(S.SCHEDULES)}")
     if microbatches < 1:
         raise ValueError(f"microbatches must be >= 1, got {microbatches}")
+    if schedule == "interleaved":
+        S.check_interleaved(stages, microbatches, virtual_stages)
+        if stages * virtual_stages > config.n_layer:
+            raise ValueError(f"interleaved pipeline of pp={stages} stages x virtual_stages={virtual_stages} = "
+                             f"{stages * virtual_stages} chunks needs at least {stages * virtual_stages} layers, "
+                             f"but the model has n_layer={config.n_layer}: each chunk must hold at least one block")
+    elif virtual_stages != 1:
+        raise ValueError(f"virtual_stages={virtual_stages} needs schedule 'interleaved' (got {schedule!r}, "
+                         "which holds one chunk per rank)")
     if stages > config.n_layer:
         raise ValueError(f"pipeline of pp={stages} stages needs at least {stages} layers, but the model has "
                          f"n_layer={config.n_layer}: each stage must hold at least one block")
@@ -84,11 +99,22 @@ class Layers(Module):
         return iter(self._items)
 
 
-class PipelineStage(Module):
-    """The part of the GPT that stage `rank` of `stages` holds, with the serial model's names."""
+def chunk_layers(n_layer: int, stages: int, rank: int, virtual_stages: int = 1) -> list[tuple[int, int]]:
+    """The layer ranges rank `rank` holds: chunks rank, rank + p, ... of the p * v chunks."""
+    ranges = partition(n_layer, stages * virtual_stages)
+    return [ranges[chunk * stages + rank] for chunk in range(virtual_stages)]
 
-    def __init__(self, config: GPTConfig, rank: int, stages: int, seed: int = 0):
-        self.config = config
+
+class PipelineStage(Module):
+    """The part of the GPT that stage `rank` of `stages` holds, with the serial model's names.
+
+    With `virtual_stages=v` it holds v chunks of blocks (not adjacent: chunk c is the model's
+    chunk c * p + rank), still in one Module, so the optimizer, the gradient norm and the state
+    dict see one set of parameters per rank. `first` (the embedding) is rank 0, `last` (the
+    head and the loss) rank p - 1: they belong to its chunk 0 and chunk v - 1."""
+
+    def __init__(self, config: GPTConfig, rank: int, stages: int, seed: int = 0, virtual_stages: int = 1):
+        self.config, self.virtual_stages = config, virtual_stages
         self.first, self.last = rank == 0, rank == stages - 1
         c, v = config.n_embd, config.vocab_size
         if self.first:
@@ -97,8 +123,10 @@ class PipelineStage(Module):
             self.drop = Dropout(config.dropout, seed=seed)
         elif self.last and config.tie_weights:
             self.wte = Embedding(v, c)  # the head's copy of the tied weight: same name, same numbers
-        start, end = partition(config.n_layer, stages)[rank]
-        self.h = Layers({i: Block(config, seed=seed + 2 * (i + 1)) for i in range(start, end)})
+        ranges = chunk_layers(config.n_layer, stages, rank, virtual_stages)
+        self.h = Layers({i: Block(config, seed=seed + 2 * (i + 1)) for start, end in ranges for i in range(start, end)})
+        blocks = dict(zip((i for start, end in ranges for i in range(start, end)), self.h))
+        self.chunks = [[blocks[i] for i in range(start, end)] for start, end in ranges]  # a plain list: not walked
         if self.last:
             self.ln_f = LayerNorm(c)
             if not config.tie_weights:
@@ -110,36 +138,48 @@ class PipelineStage(Module):
         (A method, not an attribute: a Parameter attribute would show up in named_parameters.)"""
         return self.wte.weight if (self.last and not self.first and self.config.tie_weights) else None
 
-    def forward(self, x, targets=None):
-        """Token ids (first stage) or activations in; activations, or (logits, loss) on the last."""
-        if self.first:
+    def has_input(self, chunk: int = 0) -> bool:
+        """Is this chunk the model's first (token ids in, through the embedding)?"""
+        return self.first and chunk == 0
+
+    def has_loss(self, chunk: int = 0) -> bool:
+        """Is this chunk the model's last (the head and the loss)?"""
+        return self.last and chunk == self.virtual_stages - 1
+
+    def forward(self, x, targets=None, chunk: int = 0):
+        """Token ids (first chunk) or activations in; activations, or (logits, loss) on the last."""
+        if self.has_input(chunk):
             x = GPT.embed(self, x)  # the serial model's own code, on this stage's modules
-        for block in self.h:
+        for block in self.chunks[chunk]:
             x = block(x)
-        return GPT.head(self, x, targets) if self.last else x
+        return GPT.head(self, x, targets) if self.has_loss(chunk) else x
 
 
 class PipelineTrainer:
     """The serial training step, with the model cut into stages over the ranks of `group`.
 
     `microbatches=1` is naive model parallelism (chapter 4); m > 1 with `schedule` "gpipe" or
-    "1f1b" is pipeline parallelism (chapter 5). `step` returns the same (loss, accuracy) on every
+    "1f1b" is pipeline parallelism (chapter 5), and "interleaved" with `virtual_stages=v` gives
+    each rank v chunks (m must be a multiple of p). `step` returns the same (loss, accuracy) on every
     rank; `state_dict` (a collective: call it on every rank) gives rank 0 the whole model.
     """
 
     model = None  # no rank holds the whole model (the demo samples text only from a full one)
 
     def __init__(self, config: GPTConfig, settings: OptimSettings, task, batch_size: int, seed: int = 0,
-                 group: World | None = None, microbatches: int = 1, schedule: str = "1f1b"):
+                 group: World | None = None, microbatches: int = 1, schedule: str = "1f1b",
+                 virtual_stages: int | None = None):
         world = resolve(group)
-        check_layout(config, batch_size, world.size, microbatches, schedule)
+        v = virtual_stages if virtual_stages is not None else (2 if schedule == "interleaved" else 1)
+        check_layout(config, batch_size, world.size, microbatches, schedule, v)
+        self.virtual_stages = v
         self.config, self.settings, self.task = config, settings, task
         self.batch_size, self.microbatches, self.schedule_name = batch_size, microbatches, schedule
         self.name = "mp" if microbatches == 1 else f"pp-{schedule}"
         self.group = world.split(0)  # a communicator of our own: our tags meet nobody else's
         self.rank, self.stages = self.group.rank, self.group.size
-        self.schedule = S.make_schedule(schedule, self.rank, self.stages, microbatches)
-        self.stage = PipelineStage(config, self.rank, self.stages, seed)
+        self.schedule = S.make_schedule(schedule, self.rank, self.stages, microbatches, v)
+        self.stage = PipelineStage(config, self.rank, self.stages, seed, v)
         self.dtype = self.stage.parameters()[0].dtype  # activations travel in the model's dtype
         self.optimizer = make_optimizer(self.stage, settings)
         self.timeline = Timeline()
@@ -160,48 +200,66 @@ class PipelineTrainer:
         self.step_index, self.mark = step, len(self.timeline.events)
         self.stage.zero_grad()
         for instruction in self.schedule:  # the engine: any schedule, read top to bottom
-            getattr(self, "_" + instruction.kind)(instruction.micro)
+            getattr(self, "_" + instruction.kind)(instruction.micro, instruction.chunk)
         return self._share_results()
 
-    def _forward(self, i: int):
-        with self.timeline.span(f"forward {i}", "forward"):
-            if self.stage.last:
-                logits, loss = self.stage(self.micro_x[i] if self.stage.first else self.inputs[i], self.micro_y[i])
+    # Everything in flight is keyed by (micro-batch, chunk); without interleaving the chunk is 0.
+    def _forward(self, i: int, c: int = 0):
+        label = f"forward {i}" + (f".{c}" if self.virtual_stages > 1 else "")
+        with self.timeline.span(label, "forward"):
+            x = self.micro_x[i] if self.stage.has_input(c) else self.inputs[i, c]
+            if self.stage.has_loss(c):
+                logits, loss = self.stage(x, self.micro_y[i], chunk=c)
                 self.losses.append(loss.item())
                 self.accuracies.append(accuracy(logits.data, self.micro_y[i]))
                 out = loss * (1.0 / self.microbatches)  # mean over micro-batches = mean over the batch
             else:
-                out = self.stage(self.micro_x[i] if self.stage.first else self.inputs[i])
-            self.outputs[i] = out
+                out = self.stage(x, chunk=c)
+            self.outputs[i, c] = out
             # activations this micro-batch holds until its backward: the graph, plus its input
-            self.held[i] = graph_bytes(out) + (0 if self.stage.first else self.inputs[i].data.nbytes)
-        self.count, self.bytes = self.count + 1, self.bytes + self.held[i]
+            self.held[i, c] = graph_bytes(out) + (0 if self.stage.has_input(c) else self.inputs[i, c].data.nbytes)
+        self.count, self.bytes = self.count + 1, self.bytes + self.held[i, c]
         self.step_peak_count = max(self.step_peak_count, self.count)
         self.step_peak_bytes = max(self.step_peak_bytes, self.bytes)
         self._progress()
 
-    def _backward(self, i: int):
-        with self.timeline.span(f"backward {i}", "backward"):
-            out = self.outputs.pop(i)  # dropping it frees this micro-batch's graph
-            if self.stage.last:
+    def _backward(self, i: int, c: int = 0):
+        label = f"backward {i}" + (f".{c}" if self.virtual_stages > 1 else "")
+        with self.timeline.span(label, "backward"):
+            out = self.outputs.pop((i, c))  # dropping it frees this micro-batch's graph
+            if self.stage.has_loss(c):
                 out.backward()
             else:
-                out.backward(self.grads_in.pop(i))
-        self.count, self.bytes = self.count - 1, self.bytes - self.held.pop(i)
+                out.backward(self.grads_in.pop((i, c)))
+        self.count, self.bytes = self.count - 1, self.bytes - self.held.pop((i, c))
         self._progress()
 
-    # -- messages: activations forward (tag 2i), their gradients backward (tag 2i + 1)
-    def _recv_act(self, i: int):
-        self.inputs[i] = Tensor(self._recv(f"recv act {i}", self.rank - 1, 2 * i), requires_grad=True)
+    # -- messages. Counted in virtual stages s = c * p + rank (s = rank without interleaving):
+    # activations go s -> s + 1 and gradients s + 1 -> s, over the boundary ("edge") s. Tag
+    # 2 * (i * p * v + edge) for the activation, + 1 for its gradient: one tag per message.
+    def _edge(self, c: int, toward: int) -> tuple[int, int]:
+        """(peer rank, edge) of the boundary between virtual stage c * p + rank and its neighbour."""
+        s = c * self.stages + self.rank
+        return (s + toward) % self.stages, min(s, s + toward)
 
-    def _send_act(self, i: int):
-        self._send(self.outputs[i].data, self.rank + 1, 2 * i)
+    def _tag(self, i: int, edge: int, grad: bool) -> int:
+        return 2 * (i * self.stages * self.virtual_stages + edge) + grad
 
-    def _recv_grad(self, i: int):
-        self.grads_in[i] = self._recv(f"recv grad {i}", self.rank + 1, 2 * i + 1)
+    def _recv_act(self, i: int, c: int = 0):
+        src, edge = self._edge(c, -1)
+        self.inputs[i, c] = Tensor(self._recv(f"recv act {i}", src, self._tag(i, edge, False)), requires_grad=True)
 
-    def _send_grad(self, i: int):
-        self._send(self.inputs.pop(i).grad, self.rank - 1, 2 * i + 1)
+    def _send_act(self, i: int, c: int = 0):
+        dst, edge = self._edge(c, +1)
+        self._send(self.outputs[i, c].data, dst, self._tag(i, edge, False))
+
+    def _recv_grad(self, i: int, c: int = 0):
+        src, edge = self._edge(c, +1)
+        self.grads_in[i, c] = self._recv(f"recv grad {i}", src, self._tag(i, edge, True))
+
+    def _send_grad(self, i: int, c: int = 0):
+        dst, edge = self._edge(c, -1)
+        self._send(self.inputs.pop((i, c)).grad, dst, self._tag(i, edge, True))
 
     def _recv(self, name: str, src: int, tag: int) -> np.ndarray:
         buffer = np.empty(self.act_shape, dtype=self.dtype)
@@ -221,7 +279,7 @@ class PipelineTrainer:
         self.sends = [(r, a) for r, a in self.sends if not r.test()]
 
     # -- the end of the step: sync the tied weight, clip by the global norm, update
-    def _step(self, _micro: int):
+    def _step(self, _micro: int, _chunk: int = 0):
         start = time.perf_counter()
         wait([r for r, _ in self.sends])
         self.sends = []
@@ -283,11 +341,14 @@ class PipelineTrainer:
 
     def pipeline_report(self) -> dict:
         """The demo's `pipeline` JSON: the bubble measured (median over steps after the first)
-        against (p - 1) / (m + p - 1), and each rank's peak activations. No messages."""
+        against (p - 1) / (v m + p - 1), and each rank's peak activations. No messages.
+        (Interleaved, "microbatches" in peak_activations counts (micro-batch, chunk) pairs, each
+        about 1/v of a whole stage's activations.)"""
         measured = self.bubbles[1:] or self.bubbles
         return {"schedule": self.schedule_name, "stages": self.stages, "microbatches": self.microbatches,
+                "virtual_stages": self.virtual_stages,
                 "bubble_measured": float(np.median(measured)) if measured else None,
-                "bubble_theory": S.bubble_theory(self.stages, self.microbatches),
+                "bubble_theory": S.bubble_theory(self.stages, self.microbatches, self.virtual_stages),
                 "peak_activations": [{"rank": r, "microbatches": c, "bytes": b}
                                      for r, (c, b) in enumerate(zip(self.peak_count, self.peak_bytes))]}
 
@@ -310,4 +371,8 @@ class PipelineTrainer:
         for part in parts:
             for key, value in part.items():
                 full.setdefault(key, value)  # the tied copy on the last stage equals the first's
-        return full
+        # serial order: embeddings, blocks by index (interleaved ranks hold h.0 and h.2 ...), head
+        def position(key):
+            top = key.split(".")[0]
+            return (1, int(key.split(".")[1])) if top == "h" else ((0, 0) if top in ("wte", "wpe") else (2, 0))
+        return dict(sorted(full.items(), key=lambda item: position(item[0])))  # stable within a block
