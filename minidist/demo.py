@@ -5,6 +5,7 @@
     mpirun -n 4 python -m minidist.demo               # the tour: every strategy vs serial
     mpirun -n 4 python -m minidist.demo --dp 4        # one strategy: --dp N [--zero S],
                                                       # --tp N, --pp N --microbatches M
+                                                      # [--schedule interleaved --virtual-stages V]
 
 The flags and the `--json` keys are a contract (notebooks and checks read them): later
 chapters add flags and keys, none is renamed or dropped.
@@ -13,7 +14,8 @@ JSON keys: world_size, layout {dp, tp, pp, zero}, dtype, config, losses (global 
 every step), accuracies, tokens_per_s (median over steps after the first), step_seconds,
 parameters, memory (one entry per rank: bytes of params, grads, optimizer, activations, peak),
 comm (one entry per rank: bytes_sent, bytes_received, messages, ...); for pipelines
-`pipeline` (schedule, microbatches, bubble_measured, bubble_theory, peak_activations); for the
+`pipeline` (schedule, microbatches, virtual_stages, bubble_measured, bubble_theory,
+peak_activations); for the
 tour `tour` (one row per strategy).
 
 Under `mpirun -n N` with no layout flags the demo runs the tour: the serial reference on rank 0
@@ -67,7 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tp", type=int, help="tensor-parallel degree (chapter 6); must equal the number of ranks")
     p.add_argument("--pp", type=int, help="pipeline stages (chapters 4-5); must equal the number of ranks")
     p.add_argument("--microbatches", type=int, default=4, help="pipeline micro-batches (1: naive model parallelism)")
-    p.add_argument("--schedule", choices=["gpipe", "1f1b"], default="1f1b", help="pipeline schedule")
+    p.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved"], default="1f1b", help="pipeline schedule")
+    p.add_argument("--virtual-stages", type=int, default=2,
+                   help="model chunks per rank of --schedule interleaved (the model is cut into pp x V chunks)")
     p.add_argument("--zero", type=int, choices=[1, 2, 3], help="ZeRO stage over the --dp replicas (chapter 8)")
     p.add_argument("--accumulation", type=int, default=1, help="gradient-accumulation micro-steps per optimizer step")
     p.add_argument("--bucket-kb", type=int, default=1024, help="data-parallel gradient bucket size (KiB)")
@@ -80,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
 def check_args(args, world_size: int):
     """Everything that can be wrong with the flags, found identically on every rank before any
     message is sent. Returns (config, task, kind, layout); kind None means the tour."""
-    for name in ("steps", "batch_size", "accumulation", "microbatches"):
+    for name in ("steps", "batch_size", "accumulation", "microbatches", "virtual_stages"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
@@ -168,11 +172,11 @@ def tour(args, config, task, world) -> list[dict]:
 
 
 def print_table(rows) -> None:
-    print(f"\n{'strategy':10s} {'layout':16s} {'final loss':>10s} {'max |w - serial|':>17s} "
+    print(f"\n{'strategy':14s} {'layout':16s} {'final loss':>10s} {'max |w - serial|':>17s} "
           f"{'step ms':>8s} {'sent/rank/step':>15s} {'peak mem/rank':>14s}")
     for r in rows:
         layout = " ".join(f"{k}{v}" for k, v in r["layout"].items() if (v != 1 and k != "zero") or (k == "zero" and v))
-        print(f"{r['strategy']:10s} {layout or 'serial':16s} {r['final_loss']:10.4f} "
+        print(f"{r['strategy']:14s} {layout or 'serial':16s} {r['final_loss']:10.4f} "
               f"{r['max_abs_diff_from_serial']:17.2e} {r['step_seconds'] * 1e3:8.1f} "
               f"{r['bytes_sent_per_rank'] / 1e6:12.2f} MB {r['peak_bytes_per_rank'] / 1e6:11.1f} MB")
 

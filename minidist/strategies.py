@@ -12,6 +12,7 @@ trainer with the same face: `name`, `step(step) -> (loss, accuracy)`, `memory()`
     mp          --pp N --microbatches 1            4
     pp-gpipe    --pp N --microbatches M --schedule gpipe    5
     pp-1f1b     --pp N --microbatches M --schedule 1f1b     5
+    pp-interleaved  --pp N --microbatches M --schedule interleaved [--virtual-stages V]   5
     tp          --tp N                             6
     zero1..3    --dp N --zero S                    8
 
@@ -56,8 +57,8 @@ def choose(args, config, world_size: int) -> tuple[str | None, dict]:
         check_tensor_parallel(config, degree)
         kind = "tp"
     else:
-        check_pipeline(config, args.batch_size, degree, args.microbatches, args.schedule)
-        kind = "mp" if args.microbatches == 1 else f"pp-{args.schedule}"
+        check_pipeline(config, args.batch_size, degree, args.microbatches, args.schedule, _virtual(args, args.schedule))
+        kind = "mp" if args.microbatches == 1 and args.schedule != "interleaved" else f"pp-{args.schedule}"
     return kind, layout
 
 
@@ -77,8 +78,8 @@ def make_trainer(kind: str, args, config, task, world):
     if kind == "mp":
         return PipelineTrainer(config, settings, task, args.batch_size, group=world, microbatches=1, **common)
     if kind.startswith("pp-"):
-        return PipelineTrainer(config, settings, task, args.batch_size, group=world,
-                               microbatches=args.microbatches, schedule=kind[3:], **common)
+        return PipelineTrainer(config, settings, task, args.batch_size, group=world, microbatches=args.microbatches,
+                               schedule=kind[3:], virtual_stages=_virtual(args, kind[3:]), **common)
     raise ValueError(f"unknown strategy {kind!r}")
 
 
@@ -102,4 +103,15 @@ def tour_plan(args, config, world_size: int) -> tuple[list, list[str]]:
         plan += [(f"pp-{schedule}", {**SERIAL, "pp": n}, None) for schedule in ("gpipe", "1f1b")]
     except ValueError as why:
         skipped.append(f"pp: {why}")
+    else:
+        try:  # interleaved needs n_layer >= pp x V and m a multiple of pp
+            check_pipeline(config, args.batch_size, n, args.microbatches, "interleaved", _virtual(args, "interleaved"))
+            plan.append(("pp-interleaved", {**SERIAL, "pp": n}, None))
+        except ValueError as why:
+            skipped.append(f"pp-interleaved: {why}")
     return plan, skipped
+
+
+def _virtual(args, schedule: str) -> int:
+    """Chunks per rank: --virtual-stages for the interleaved schedule, 1 for the others."""
+    return getattr(args, "virtual_stages", 2) if schedule == "interleaved" else 1

@@ -117,3 +117,35 @@ def test_tour_compares_strategies_with_serial(tmp_path):
         assert row["max_abs_diff_from_serial"] < 1e-10, row
     assert rows["dp"]["bytes_sent_per_rank"] > 0 and rows["serial"]["bytes_sent_per_rank"] == 0
     assert "max |w - serial|" in proc.stdout
+
+
+def test_interleaved_pipeline_reproduces_serial(tmp_path):
+    """--schedule interleaved: 2 ranks x 2 chunks each need 4 layers (SMALL has 2; the later flag wins)."""
+    serial_out, serial_w = tmp_path / "s.json", tmp_path / "s.npz"
+    out, weights = tmp_path / "p.json", tmp_path / "p.npz"
+    common = ["--steps", "3", "--dtype", "float64", *SMALL, "--n-layer", "4"]
+    assert demo(*common, "--json", str(serial_out), "--save", str(serial_w)).returncode == 0
+    proc = demo(*common, "--pp", "2", "--microbatches", "2", "--schedule", "interleaved",
+                "--json", str(out), "--save", str(weights), nprocs=2)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    report, serial = json.loads(out.read_text()), json.loads(serial_out.read_text())
+    assert JSON_KEYS <= set(report) and report["layout"] == {"dp": 1, "tp": 1, "pp": 2, "zero": 0}
+    np.testing.assert_allclose(report["losses"], serial["losses"], rtol=1e-9)
+    got, want = dict(np.load(weights)), dict(np.load(serial_w))
+    assert set(got) == set(want)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-7, atol=1e-12, err_msg=name)
+    pipeline = report["pipeline"]
+    assert pipeline["schedule"] == "interleaved" and pipeline["virtual_stages"] == 2  # --virtual-stages default
+    assert pipeline["microbatches"] == 2 and pipeline["bubble_theory"] == pytest.approx(1 / 5)  # (p-1)/(v m+p-1)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--microbatches", "3", "--batch-size", "6"], "m=3 is not a multiple of pp=2"),
+    (["--virtual-stages", "3"], "pp=2 stages x virtual_stages=3 = 6 chunks needs at least 6 layers"),
+])
+def test_bad_interleaved_layouts_fail_before_any_message(flags, message):
+    proc = demo("--pp", "2", "--schedule", "interleaved", "--n-layer", "4", *flags, "--steps", "1", nprocs=2)
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
