@@ -51,6 +51,7 @@ ALL_REDUCE = {
 }
 BROADCAST = {"tree": alg.broadcast_tree, "naive": alg.broadcast_naive}
 REDUCE = {"tree": alg.reduce_tree, "naive": alg.reduce_naive}
+_KIND = {name: f"all_reduce.{name}" for name in ALL_REDUCE}  # the traffic kinds, made once
 
 
 class CollectiveMismatch(ValueError):
@@ -69,29 +70,63 @@ def set_check(enabled: bool) -> bool:
 # -- the machinery every collective shares ---------------------------------------------------
 
 class _Ctx:
-    """What an algorithm needs: who am I, and how to post a message with this call's tag."""
+    """What an algorithm needs: who am I, and how to post a message with this call's tag.
 
-    __slots__ = ("world", "comm", "rank", "size", "tag", "kind")
+    This is the hot path of every collective, so it is lean: `send`/`recv` post straight on
+    MPI and return the raw MPI request (no wrapper object per message), count the message
+    with two integer additions, and note (request, op, peer, bytes) in `posted` so that a
+    timeout can still name the peer it waited for."""
+
+    __slots__ = ("world", "comm", "rank", "size", "tag", "kind", "counts", "posted")
 
     def __init__(self, world: World, kind: str):
         self.world, self.comm = world, world.coll_comm
         self.rank, self.size = world.rank, world.size
         self.tag, self.kind = world.next_tag(), kind
-        traffic.record_call(kind)
+        self.counts = traffic.counter(kind)
+        self.counts.calls += 1
+        self.posted = []
 
     def send(self, array, peer):
-        return p2p.isend(array, peer, self.tag, self.world, kind=self.kind, comm=self.comm)
+        req = self.comm.Isend([array, _BYTE], peer, self.tag)  # slices of a contiguous flat array
+        c = self.counts
+        c.bytes_sent += array.nbytes
+        c.messages += 1
+        self.posted.append((req, "send", peer, array.nbytes))
+        return req
 
     def recv(self, array, peer):
-        return p2p.irecv(array, peer, self.tag, self.world, kind=self.kind, comm=self.comm)
+        req = self.comm.Irecv([array, _BYTE], peer, self.tag)
+        c = self.counts
+        c.bytes_received += array.nbytes
+        c.messages_received += 1
+        self.posted.append((req, "recv", peer, array.nbytes))
+        return req
+
+    def wait(self, pending, timeout=None):
+        """Wait for one step's requests: a single Testall when they are already complete (the
+        common case for small messages), else the polite wait of p2p.py."""
+        if not _testall(pending):
+            p2p.poll(pending, timeout, lambda: self.explain(pending))
+        self.posted.clear()  # this step is done; only the current step can time out
+
+    def explain(self, pending):
+        """p2p.Request objects for `pending` (only built to word a timeout)."""
+        info = {id(req): (op, peer, nbytes) for req, op, peer, nbytes in self.posted}
+        return [p2p.Request(req, *info[id(req)][:2], self.tag, info[id(req)][2], self.kind, self.world)
+                for req in pending]
+
+
+_BYTE = MPI.BYTE
+_testall = MPI.Request.Testall
 
 
 class Work:
     """A collective in flight. `test()` advances it as far as possible without blocking and
     says whether it has finished; `wait()` finishes it and returns its result."""
 
-    def __init__(self, steps, result):
-        self._steps, self._result = steps, result
+    def __init__(self, ctx, steps, result, finish=None):
+        self._ctx, self._steps, self._result, self._finish = ctx, steps, result, finish
         self._pending, self._done = None, False
         self.test()  # post the first step's messages right away
 
@@ -99,13 +134,17 @@ class Work:
         while not self._done:
             if self._pending:
                 if block:
-                    p2p.wait(self._pending, timeout)
-                elif not MPI.Request.Testall([r.mpi for r in self._pending]):
+                    self._ctx.wait(self._pending, timeout)
+                elif not _testall(self._pending):
                     return False
+                else:
+                    self._ctx.posted.clear()
             try:
                 self._pending = next(self._steps)
             except StopIteration:
                 self._done, self._pending = True, None
+                if self._finish is not None:
+                    self._finish()
         return True
 
     def test(self) -> bool:
@@ -118,11 +157,17 @@ class Work:
         return self._result
 
 
-def _run(steps, result, async_op):
+def _run(ctx, steps, result, async_op, finish=None):
+    """Drive a schedule: `steps` is an algorithm's generator (or None: nothing to send) and
+    `finish` runs once it is done (e.g. the division of op="avg")."""
+    if steps is None:
+        steps = iter(())
     if async_op:
-        return Work(steps, result)
+        return Work(ctx, steps, result, finish)
     for pending in steps:  # the blocking call: drive the schedule, waiting at every step
-        p2p.wait(pending)
+        ctx.wait(pending)
+    if finish is not None:
+        finish()
     return result
 
 
@@ -190,13 +235,12 @@ def all_reduce(array: np.ndarray, op: str = "sum", group: World | None = None,
     if _CHECK[0]:
         check_consistent(world, "all_reduce", buf.size, buf.dtype, op)
 
-    def steps():
-        if world.size > 1 and buf.size > 0:
-            yield from ALL_REDUCE[algorithm](_Ctx(world, f"all_reduce.{algorithm}"), buf, ufunc)
-        if op == "avg":
-            np.divide(buf, world.size, out=buf)
-
-    return _run(steps(), array, async_op)
+    ctx = steps = None
+    if world.size > 1 and buf.size > 0:
+        ctx = _Ctx(world, _KIND[algorithm])
+        steps = ALL_REDUCE[algorithm](ctx, buf, ufunc)
+    finish = (lambda: np.divide(buf, world.size, out=buf)) if op == "avg" else None
+    return _run(ctx, steps, array, async_op, finish)
 
 
 @functools.lru_cache(maxsize=1024)  # a pure function of (nbytes, n): decide once, not per call
@@ -217,13 +261,12 @@ def reduce(array: np.ndarray, dst: int = 0, op: str = "sum", group: World | None
     if _CHECK[0]:
         check_consistent(world, "reduce", buf.size, buf.dtype, op, dst)
 
-    def steps():
-        if world.size > 1 and buf.size > 0:
-            yield from REDUCE[algorithm](_Ctx(world, f"reduce.{algorithm}"), buf, dst, ufunc)
-        if op == "avg" and world.rank == dst:
-            np.divide(buf, world.size, out=buf)
-
-    return _run(steps(), array, async_op)
+    ctx = steps = None
+    if world.size > 1 and buf.size > 0:
+        ctx = _Ctx(world, f"reduce.{algorithm}")
+        steps = REDUCE[algorithm](ctx, buf, dst, ufunc)
+    finish = (lambda: np.divide(buf, world.size, out=buf)) if op == "avg" and world.rank == dst else None
+    return _run(ctx, steps, array, async_op, finish)
 
 
 def broadcast(array: np.ndarray, src: int = 0, group: World | None = None,
@@ -234,11 +277,11 @@ def broadcast(array: np.ndarray, src: int = 0, group: World | None = None,
     if _CHECK[0]:
         check_consistent(world, "broadcast", buf.size, buf.dtype, "", src)
 
-    def steps():
-        if world.size > 1 and buf.size > 0:
-            yield from BROADCAST[algorithm](_Ctx(world, f"broadcast.{algorithm}"), buf, src)
-
-    return _run(steps(), array, async_op)
+    ctx = steps = None
+    if world.size > 1 and buf.size > 0:
+        ctx = _Ctx(world, f"broadcast.{algorithm}")
+        steps = BROADCAST[algorithm](ctx, buf, src)
+    return _run(ctx, steps, array, async_op)
 
 
 def reduce_scatter(array: np.ndarray, op: str = "sum", group: World | None = None,
@@ -259,13 +302,12 @@ def reduce_scatter(array: np.ndarray, op: str = "sum", group: World | None = Non
     if _CHECK[0]:
         check_consistent(world, "reduce_scatter", buf.size, buf.dtype, op)
 
-    def steps():
-        if buf.size > 0:
-            yield from alg.reduce_scatter_ring(_Ctx(world, "reduce_scatter.ring"), buf, ufunc, out)
-        if op == "avg":
-            np.divide(out, world.size, out=out)
-
-    return _run(steps(), out, async_op)
+    ctx = steps = None
+    if buf.size > 0:
+        ctx = _Ctx(world, "reduce_scatter.ring")
+        steps = alg.reduce_scatter_ring(ctx, buf, ufunc, out)
+    finish = (lambda: np.divide(out, world.size, out=out)) if op == "avg" else None
+    return _run(ctx, steps, out, async_op, finish)
 
 
 def all_gather(array: np.ndarray, group: World | None = None, out: np.ndarray | None = None,
@@ -295,11 +337,11 @@ def all_gather(array: np.ndarray, group: World | None = None, out: np.ndarray | 
     a, b = bounds[world.rank]
     out[a:b] = buf
 
-    def steps():
-        if out.size > 0:
-            yield from alg.all_gather_ring(_Ctx(world, "all_gather.ring"), out, bounds)
-
-    return _run(steps(), out, async_op)
+    ctx = steps = None
+    if out.size > 0:
+        ctx = _Ctx(world, "all_gather.ring")
+        steps = alg.all_gather_ring(ctx, out, bounds)
+    return _run(ctx, steps, out, async_op)
 
 
 def all_to_all(array: np.ndarray, group: World | None = None, out: np.ndarray | None = None,
@@ -316,13 +358,14 @@ def all_to_all(array: np.ndarray, group: World | None = None, out: np.ndarray | 
         raise ValueError(f"all_to_all: rank {world.rank} needs out of shape {(n_out,)} {buf.dtype}")
     if _CHECK[0]:
         check_consistent(world, "all_to_all", buf.size, buf.dtype)
-    return _run(alg.all_to_all_pairwise(_Ctx(world, "all_to_all.pairwise"), buf, out), out, async_op)
+    ctx = _Ctx(world, "all_to_all.pairwise")
+    return _run(ctx, alg.all_to_all_pairwise(ctx, buf, out), out, async_op)
 
 
 def barrier(group: World | None = None, timeout=None):
     """Return only when every rank of `group` has called barrier (dissemination algorithm)."""
-    world = resolve(group)
-    Work(alg.barrier_dissemination(_Ctx(world, "barrier.dissemination")), None).wait(timeout)
+    ctx = _Ctx(resolve(group), "barrier.dissemination")
+    Work(ctx, alg.barrier_dissemination(ctx), None).wait(timeout)
 
 
 def _check_root(world, root, name):

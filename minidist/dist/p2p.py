@@ -104,7 +104,7 @@ def isend(array: np.ndarray, dst: int, tag: int = 0, group: World | None = None,
     request completes. `comm` is used by the collectives (their private communicator)."""
     world = resolve(group)
     req = (comm or world.comm).Isend(_as_bytes(array), dst, tag)
-    traffic.record_send(kind, array.nbytes)
+    traffic.record_send(kind, array.nbytes)  # every message is counted
     return Request(req, "send", dst, tag, array.nbytes, kind, world)
 
 
@@ -126,19 +126,27 @@ def wait(requests, timeout: float | None = None):
     raw = [r.mpi for r in requests]
     if MPI.Request.Testall(raw):  # the common case for small messages: already there
         return
+    poll(raw, timeout, lambda: requests)
+
+
+def poll(raw: list, timeout: float | None = None, explain=None):
+    """The polite wait itself, on a list of raw MPI requests (the collectives call it directly,
+    without building a `Request` per message). `explain()` returns the matching `Request`s,
+    and is called only to word a timeout."""
     if not _Policy.polite and timeout is None:
         MPI.Request.Waitall(raw)  # MPI's own wait: spins at 100% CPU (for comparison only)
         return
+    testall, clock = MPI.Request.Testall, time.perf_counter
     timeout = _Policy.timeout if timeout is None else timeout
-    start = time.perf_counter()
+    start = clock()
     busy_until, spin_until = start + _Policy.busy, start + _Policy.spin
     sleep = 1e-5
-    while not MPI.Request.Testall(raw):
-        now = time.perf_counter()
+    while not testall(raw):
+        now = clock()
         if now < busy_until:
             continue  # a message from a busy peer usually arrives within microseconds
         if now - start > timeout:
-            _raise_timeout(requests, raw, now - start)
+            _raise_timeout(explain() if explain else [], raw, now - start)
         if now < spin_until:
             os.sched_yield()  # give the core to a rank that has work, if any
         else:
@@ -148,8 +156,9 @@ def wait(requests, timeout: float | None = None):
 
 def _raise_timeout(requests, raw, waited):
     pending = [r for r, m in zip(requests, raw) if m != MPI.REQUEST_NULL and not m.Test()]
-    r0 = requests[0]
     what = "; ".join(r.describe() for r in pending) or "requests that completed too late"
+    from minidist.dist.world import get_world
+    r0 = requests[0] if requests else Request(None, "", -1, -1, 0, "", get_world())
     for r in pending:  # withdraw posted receives so MPI can clean up
         if r.op == "recv" and r.peer >= 0:
             r.mpi.Cancel()
