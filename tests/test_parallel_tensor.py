@@ -4,7 +4,9 @@ One launch per world size runs everything in float64: the split layers and the f
 against the serial layers (outputs and gradients), then a few training steps of the tied and
 the untied GPT against `SerialTrainer` (losses, final weights), the replicated gradients
 compared across ranks, the all-reduces counted per block and per step against the formula,
-and the parameter bytes per rank.
+and the parameter bytes per rank. Sequence parallelism rides in the same launch: its three
+region functions, two training variants against serial, its traffic (equal to plain tensor
+parallelism's with the ring) and its activation bytes (against `sequence.activation_bytes`).
 """
 import numpy as np
 import pytest
@@ -19,13 +21,17 @@ CONFIG = dict(vocab_size=256, block_size=16, n_layer=2, n_head=4, n_embd=16)
 STEPS, BATCH = 3, 8
 SETTINGS = dict(lr=1e-2, steps=STEPS, warmup=1, min_lr=1e-3, clip=1.0)
 # a tight clip (0.05) so clipping really scales the gradients, as the 1.0 above may not
-VARIANTS = {"tied": dict(tie_weights=True), "untied": dict(tie_weights=False), "tied, clipped": dict(clip=0.05)}
+VARIANTS = {"tied": dict(tie_weights=True), "untied": dict(tie_weights=False), "tied, clipped": dict(clip=0.05),
+            "tied, sequence parallel": dict(sequence_parallel=True),
+            "untied, clipped, sequence parallel": dict(tie_weights=False, clip=0.05, sequence_parallel=True)}
 
 
 def _variant(name):
+    """(config, settings, sequence_parallel) of a variant; the serial run ignores the last."""
     extra = dict(VARIANTS[name])
     config = GPTConfig(**CONFIG, tie_weights=extra.pop("tie_weights", True))
-    return config, OptimSettings(**{**SETTINGS, **extra})
+    sequence_parallel = extra.pop("sequence_parallel", False)
+    return config, OptimSettings(**{**SETTINGS, **extra}), sequence_parallel
 
 
 def _rel(a, b):
@@ -120,6 +126,73 @@ def layer_checks(world):
     return out
 
 
+def sequence_checks(world):
+    """The three sequence-parallel functions against their definitions (axis 1 is the sequence):
+    max relative differences. Rank r's chunk of the T = 2t tokens is [2r, 2r + 2)."""
+    from minidist.parallel.sequence import (gather_from_sequence_parallel_region,
+                                            reduce_scatter_to_sequence_parallel_region,
+                                            scatter_to_sequence_parallel_region)
+    from minidist.tensor import Tensor
+
+    t, r = world.size, world.rank
+    rng = np.random.default_rng(1)  # the same numbers on every rank
+    B, T, C = 2, 2 * t, 3
+    mine = (slice(None), slice(2 * r, 2 * r + 2))
+    X, R, parts = rng.normal(size=(B, T, C)), rng.normal(size=(B, T, C)), rng.normal(size=(t, B, T, C))
+    out = {}
+    # scatter: keep my tokens; backward all-gathers the chunks' gradients (dL/dX = R everywhere)
+    x = Tensor(X.copy(), requires_grad=True)
+    y = scatter_to_sequence_parallel_region(x, world)
+    (y * R[mine]).sum().backward()
+    out["scatter forward"], out["scatter backward"] = _rel(y.data, X[mine]), _rel(x.grad, R)
+    # gather: all tokens; rank q's loss is (q + 1) R·y, so dL/dx_r = (1 + ... + t) R[chunk r]
+    x = Tensor(X[mine].copy(), requires_grad=True)
+    y = gather_from_sequence_parallel_region(x, world)
+    (y * (R * (r + 1))).sum().backward()
+    out["gather forward"] = _rel(y.data, X)
+    out["gather backward"] = _rel(x.grad, R[mine] * t * (t + 1) / 2)
+    # reduce-scatter: the sum of the parts, my tokens; backward all-gathers (dL/dparts_r = R)
+    x = Tensor(parts[r].copy(), requires_grad=True)
+    y = reduce_scatter_to_sequence_parallel_region(x, world)
+    (y * R[mine]).sum().backward()
+    out["reduce-scatter forward"] = _rel(y.data, parts.sum(axis=0)[mine])
+    out["reduce-scatter backward"] = _rel(x.grad, R)
+    return out
+
+
+def sp_versus_tp(world):
+    """One forward and backward of the same GPT with and without sequence parallelism: bytes
+    sent with every all-reduce a ring (forward + backward, so no gradient all-reduce), activation
+    bytes of the graph (also with dropout, where both must draw the same masks), and a sequence
+    length that does not divide by t, which must fail before any message."""
+    from minidist.dist import traffic
+    from minidist.parallel.tensor import TensorParallelGPT
+    from minidist.parallel.tensor_layers import all_reduce_algorithm
+    from minidist.tensor import graph_bytes
+
+    task = make_task("sort", CONFIG["block_size"], seed=0)
+    x, y = task.get_batch(0, BATCH)
+    out = {}
+    for dropout in (0.0, 0.1):
+        for sp in (False, True):
+            model = TensorParallelGPT(GPTConfig(**CONFIG, dropout=dropout), world, sequence_parallel=sp)
+            traffic.reset()
+            with all_reduce_algorithm("ring"):
+                _, loss = model(x, y)
+                activations = graph_bytes(loss)
+                loss.backward()
+            total = traffic.snapshot()["total"]
+            out[dropout, sp] = {"loss": loss.item(), "activations": activations, "bytes_sent": total["bytes_sent"],
+                                "kinds": sorted(k for k in traffic.snapshot() if k != "total")}
+    model = TensorParallelGPT(GPTConfig(**CONFIG), world, sequence_parallel=True)
+    traffic.reset()
+    try:
+        model(x[:, :world.size + 1])
+    except ValueError as error:
+        out["bad length"] = (str(error), traffic.snapshot()["total"]["messages"])
+    return out
+
+
 def block_counts(world):
     """All-reduce calls of one forward and one backward, for 1 and 2 blocks: the per-block count."""
     from minidist.dist import traffic
@@ -148,11 +221,13 @@ def tp_rank_program():
 
     world = get_world()
     with default_dtype("float64"):
-        out = {"layers": layer_checks(world), "blocks": block_counts(world)}
+        out = {"layers": layer_checks(world), "blocks": block_counts(world),
+               "sequence": sequence_checks(world), "sp vs tp": sp_versus_tp(world)}
         task = make_task("sort", CONFIG["block_size"], seed=0)
         for name in VARIANTS:
-            config, settings = _variant(name)
-            trainer = TensorParallelTrainer(config, settings, task, BATCH, seed=0, group=world)
+            config, settings, sequence_parallel = _variant(name)
+            trainer = TensorParallelTrainer(config, settings, task, BATCH, seed=0, group=world,
+                                            sequence_parallel=sequence_parallel)
             initial = consolidate_state_dict(trainer.local_model)
             traffic.reset()
             steps = [trainer.step(s) for s in range(STEPS)]
@@ -167,6 +242,8 @@ def tp_rank_program():
                 "all_reduces": sum(v["calls"] for k, v in snap.items() if k.startswith("all_reduce.")) / STEPS,
                 "bytes_sent": sum(v["bytes_sent"] for k, v in snap.items() if k.startswith("all_reduce.")) / STEPS,
                 "other_kinds": sorted(k for k in snap if not k.startswith("all_reduce.") and k != "total"),
+                "halves": {k: (v["calls"] / STEPS, v["bytes_sent"] / STEPS) for k, v in snap.items()
+                           if k in ("reduce_scatter.ring", "all_gather.ring")},
             }
         # a bad layout fails before any message (the check is arithmetic only)
         traffic.reset()
@@ -186,7 +263,7 @@ def serial():
     with default_dtype("float64"):
         task = make_task("sort", CONFIG["block_size"], seed=0)
         for name in VARIANTS:
-            config, settings = _variant(name)
+            config, settings, _ = _variant(name)
             trainer = SerialTrainer(config, settings, task, BATCH, seed=0)
             initial = trainer.state_dict()
             steps = [trainer.step(s) for s in range(STEPS)]
@@ -252,13 +329,19 @@ def test_traffic_per_step_matches_formula(parallel):
 
     t, results = parallel
     for variant in VARIANTS:
-        config, _ = _variant(variant)
-        expected = traffic_per_step(config, BATCH, t, itemsize=8)
+        config, _, sp = _variant(variant)
+        expected = traffic_per_step(config, BATCH, t, itemsize=8, sequence_parallel=sp)
         for result in results:
             got = result[variant]
-            assert got["all_reduces"] == expected["all_reduces"] == 4 * config.n_layer + 7
-            assert got["bytes_sent"] == expected["bytes_sent"], (t, variant, got["bytes_sent"], expected)
-            assert got["other_kinds"] == [], got["other_kinds"]  # no check, no gather during steps
+            sent = got["bytes_sent"] + sum(b for _, b in got["halves"].values())
+            assert sent == expected["bytes_sent"], (t, variant, sent, expected)
+            if sp:  # the 4L+2 all-reduces of B·T·C became reduce-scatter + all-gather; one of gradients added
+                assert got["all_reduces"] == expected["all_reduces"] == 5 + 1
+                assert {k: c for k, (c, _) in got["halves"].items()} == {
+                    "reduce_scatter.ring": 4 * config.n_layer + 2, "all_gather.ring": 4 * config.n_layer + 2}
+            else:
+                assert got["all_reduces"] == expected["all_reduces"] == 4 * config.n_layer + 7
+                assert got["other_kinds"] == [], got["other_kinds"]  # no check, no gather during steps
 
 
 def test_parameter_bytes_per_rank(parallel):
@@ -266,7 +349,7 @@ def test_parameter_bytes_per_rank(parallel):
 
     t, results = parallel
     for variant in VARIANTS:
-        config, _ = _variant(variant)
+        config, _, _ = _variant(variant)
         counts = parameter_counts(config, t)
         assert counts["split"] + counts["replicated"] == GPT(config).num_parameters()
         for result in results:
@@ -289,3 +372,54 @@ def test_check_names_every_size():
     with pytest.raises(ValueError, match=r"n_head=2, 4\*n_embd=40, vocab_size=256 not divisible by tp=3"):
         check_tensor_parallel(config, 3)
     check_tensor_parallel(GPTConfig(), 4)  # the demo's default model splits over 4
+
+
+# ----------------------------------------------------------------------------- sequence parallelism
+
+
+def test_sequence_parallel_functions(parallel):
+    t, results = parallel
+    for rank, result in enumerate(results):
+        assert len(result["sequence"]) == 6
+        for check, diff in result["sequence"].items():
+            assert diff <= 1e-12, f"tp={t} rank {rank}: {check} differs by {diff:.1e}"
+
+
+def test_sequence_parallel_traffic_equals_tensor_parallel(parallel):
+    """reduce-scatter + all-gather (rings) send exactly what the ring all-reduce they replace sends."""
+    t, results = parallel
+    for result in results:
+        for dropout in (0.0, 0.1):
+            tp, sp = result["sp vs tp"][dropout, False], result["sp vs tp"][dropout, True]
+            assert tp["kinds"] == ["all_reduce.ring"], tp["kinds"]
+            assert sp["kinds"] == ["all_gather.ring", "all_reduce.ring", "reduce_scatter.ring"], sp["kinds"]
+            assert sp["bytes_sent"] == tp["bytes_sent"] > 0, (t, dropout, sp["bytes_sent"], tp["bytes_sent"])
+            assert abs(sp["loss"] - tp["loss"]) <= 1e-12 * tp["loss"], (t, dropout)  # same dropout masks
+
+
+def test_sequence_parallel_divides_the_replicated_activations_by_t(parallel):
+    from minidist.parallel.sequence import activation_bytes
+
+    t, results = parallel
+    for result in results:
+        for dropout in (0.0, 0.1):
+            tp, sp = result["sp vs tp"][dropout, False], result["sp vs tp"][dropout, True]
+            f = activation_bytes(GPTConfig(**CONFIG, dropout=dropout), BATCH, t, itemsize=8)
+            assert tp["activations"] - sp["activations"] == f["saved"] > 0, (t, dropout, tp, sp, f)
+            assert f["region"] - f["region"] // t - f["gathered"] == f["saved"]
+
+
+def test_sequence_length_not_divisible_fails_before_any_message(parallel):
+    t, results = parallel
+    for result in results:
+        message, messages = result["sp vs tp"]["bad length"]
+        assert messages == 0
+        assert message.startswith(f"sequence parallel: sequence length T={t + 1} is not divisible by tp={t}"), message
+
+
+def test_check_names_the_block_size_for_sequence_parallelism():
+    from minidist.parallel.tensor import check_tensor_parallel
+
+    check_tensor_parallel(GPTConfig(block_size=10), 2, sequence_parallel=True)
+    with pytest.raises(ValueError, match=r"sequence parallel: sequence length T=10 is not divisible by tp=4"):
+        check_tensor_parallel(GPTConfig(block_size=10), 4, sequence_parallel=True)

@@ -20,6 +20,10 @@ dict has the serial keys with shards as values, and `consolidate_state_dict` glu
 back into exactly the serial model's state dict. Shards are cut from the same deterministic
 initialisation (seeded by parameter name), so tp = 1, 2, 4 start from the same weights and
 train to the same weights as `SerialTrainer` (tests/test_parallel_tensor.py, float64, 1e-9).
+
+`sequence_parallel=True` (part 3, `sequence.py`) runs the LayerNorms, residual adds and dropouts
+on this rank's T/t tokens: every g becomes a reduce-scatter, every f an all-gather, and the
+replicated parameters' gradients are summed over the group after backward.
 """
 from __future__ import annotations
 
@@ -34,6 +38,9 @@ from minidist.dist.world import World, resolve
 from minidist.model import GPTConfig, init_weights
 from minidist.nn import Dropout, Embedding, LayerNorm, Module, ModuleList, Parameter
 from minidist.optim import set_lr
+from minidist.parallel.sequence import (SequenceParallelDropout, allreduce_sequence_parallel_grads,
+                                        check_sequence_length, gather_from_sequence_parallel_region,
+                                        mark_sequence_parallel)
 from minidist.parallel.tensor_layers import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
                                              all_reduce_unchecked,
                                              copy_to_tensor_parallel_region, vocab_parallel_argmax,
@@ -42,9 +49,10 @@ from minidist.tensor import Tensor, graph_bytes
 from minidist.train import OptimSettings, make_optimizer
 
 
-def check_tensor_parallel(config: GPTConfig, tp: int) -> None:
-    """Raise ValueError naming the sizes if `config` cannot be split over tp ranks.
-    Pure arithmetic: call it on every rank before any message is sent."""
+def check_tensor_parallel(config: GPTConfig, tp: int, sequence_parallel: bool = False) -> None:
+    """Raise ValueError naming the sizes if `config` cannot be split over tp ranks (with
+    sequence parallelism, its block_size too). Pure arithmetic: call it on every rank before any
+    message is sent."""
     if tp < 1:
         raise ValueError(f"tensor parallel: tp must be >= 1, got {tp}")
     bad = [f"{name}={value}" for name, value in (("n_head", config.n_head), ("4*n_embd", 4 * config.n_embd),
@@ -52,27 +60,38 @@ def check_tensor_parallel(config: GPTConfig, tp: int) -> None:
     if bad:
         raise ValueError(f"tensor parallel: {', '.join(bad)} not divisible by tp={tp} "
                          "(each rank must hold an equal share of the heads, MLP features and vocabulary)")
+    if sequence_parallel:
+        check_sequence_length(config.block_size, tp)
+
+
+def _dropout(p: float, group: World, seed: int, sequence_parallel: bool):
+    """Dropout on the replicated (B, T, C) activation, or on this rank's T/t tokens of it."""
+    return SequenceParallelDropout(p, group, seed=seed) if sequence_parallel else Dropout(p, seed=seed)
 
 
 # ----------------------------------------------------------------------------- the model
 
 
 class ParallelAttention(Module):
-    """Causal self-attention with this rank's n_head/t heads; one f, one g."""
+    """Causal self-attention with this rank's n_head/t heads; one f, one g (with sequence
+    parallelism: one all-gather of the tokens, one reduce-scatter)."""
 
-    def __init__(self, config: GPTConfig, group: World, seed: int = 0):
+    def __init__(self, config: GPTConfig, group: World, seed: int = 0, sequence_parallel: bool = False):
         c, t = config.n_embd, group.size
-        self.group = group
+        self.group, self.sequence_parallel = group, sequence_parallel
         self.n_head_local = config.n_head // t
         self.q_proj, self.k_proj, self.v_proj = (ColumnParallelLinear(c, c, group, copy_input=False) for _ in range(3))
-        self.c_proj = RowParallelLinear(c, c, group)
+        self.c_proj = RowParallelLinear(c, c, group, sequence_parallel=sequence_parallel)
         self.dropout_p = config.dropout
         self.attn_rng = np.random.default_rng([seed, 1, group.rank])  # other heads, other masks
-        self.resid_dropout = Dropout(config.dropout, seed=seed)  # replicated: same mask everywhere
+        self.resid_dropout = _dropout(config.dropout, group, seed, sequence_parallel)  # the serial mask
 
     def forward(self, x):
+        if self.sequence_parallel:  # attention mixes tokens: it needs all of them (g-bar)
+            x = gather_from_sequence_parallel_region(x, self.group)
+        else:
+            x = copy_to_tensor_parallel_region(x, self.group)  # f, once for q, k and v
         b, t, _ = x.shape
-        x = copy_to_tensor_parallel_region(x, self.group)  # f, once for q, k and v
 
         def heads(y):  # (B, T, C/t) -> (B, H/t, T, D): rank r's columns are heads r·H/t ...
             return y.reshape(b, t, self.n_head_local, -1).permute(0, 2, 1, 3)
@@ -85,21 +104,24 @@ class ParallelAttention(Module):
 
 
 class ParallelMLP(Module):
-    def __init__(self, config: GPTConfig, group: World, seed: int = 0):
-        self.c_fc = ColumnParallelLinear(config.n_embd, 4 * config.n_embd, group)  # f inside
-        self.c_proj = RowParallelLinear(4 * config.n_embd, config.n_embd, group)  # g inside
-        self.dropout = Dropout(config.dropout, seed=seed)
+    def __init__(self, config: GPTConfig, group: World, seed: int = 0, sequence_parallel: bool = False):
+        c, sp = config.n_embd, sequence_parallel
+        self.c_fc = ColumnParallelLinear(c, 4 * c, group, sequence_parallel=sp)  # f (or all-gather) inside
+        self.c_proj = RowParallelLinear(4 * c, c, group, sequence_parallel=sp)  # g (or reduce-scatter) inside
+        self.dropout = _dropout(config.dropout, group, seed, sp)
 
     def forward(self, x):
         return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))  # GELU works on the slice
 
 
 class ParallelBlock(Module):
-    def __init__(self, config: GPTConfig, group: World, seed: int = 0):
+    """With sequence parallelism x is (B, T/t, C): the LayerNorms and the adds see T/t tokens."""
+
+    def __init__(self, config: GPTConfig, group: World, seed: int = 0, sequence_parallel: bool = False):
         self.ln_1 = LayerNorm(config.n_embd)
-        self.attn = ParallelAttention(config, group, seed=seed)
+        self.attn = ParallelAttention(config, group, seed=seed, sequence_parallel=sequence_parallel)
         self.ln_2 = LayerNorm(config.n_embd)
-        self.mlp = ParallelMLP(config, group, seed=seed + 1)
+        self.mlp = ParallelMLP(config, group, seed=seed + 1, sequence_parallel=sequence_parallel)
 
     def forward(self, x):
         x = x + self.attn(self.ln_1(x))
@@ -107,31 +129,46 @@ class ParallelBlock(Module):
 
 
 class TensorParallelGPT(Module):
-    """This rank's shard of the GPT; same parameter names as `minidist.model.GPT`."""
+    """This rank's shard of the GPT; same parameter names as `minidist.model.GPT`.
 
-    def __init__(self, config: GPTConfig, group: World | None = None, seed: int = 0):
+    sequence_parallel=True: between the split layers, activations are this rank's T/t tokens."""
+
+    def __init__(self, config: GPTConfig, group: World | None = None, seed: int = 0, sequence_parallel: bool = False):
         self.group = group = resolve(group)
-        check_tensor_parallel(config, group.size)
+        sp = self.sequence_parallel = sequence_parallel
+        check_tensor_parallel(config, group.size, sp)
         self.config = config
-        self.wte = VocabParallelEmbedding(config.vocab_size, config.n_embd, group)
+        self.wte = VocabParallelEmbedding(config.vocab_size, config.n_embd, group, sequence_parallel=sp)
         self.wpe = Embedding(config.block_size, config.n_embd)
-        self.drop = Dropout(config.dropout, seed=seed)
-        self.h = ModuleList(ParallelBlock(config, group, seed=seed + 2 * (i + 1)) for i in range(config.n_layer))
+        self.drop = _dropout(config.dropout, group, seed, sp)
+        self.h = ModuleList(ParallelBlock(config, group, seed=seed + 2 * (i + 1), sequence_parallel=sp)
+                            for i in range(config.n_layer))
         self.ln_f = LayerNorm(config.n_embd)
         if not config.tie_weights:  # the head's weight is split like the vocabulary: (V/t, C)
-            self.lm_head = ColumnParallelLinear(config.n_embd, config.vocab_size, group, bias=False)
+            self.lm_head = ColumnParallelLinear(config.n_embd, config.vocab_size, group, bias=False,
+                                                sequence_parallel=sp)
         init_shards(self, seed)
+        if sp:  # replicated, but each rank's gradient comes from its T/t tokens only: summed later
+            mark_sequence_parallel(self.wpe, self.ln_f, *(m for b in self.h for m in (b.ln_1, b.ln_2)))
+            for block in self.h:
+                block.attn.c_proj.bias.sequence_parallel = block.mlp.c_proj.bias.sequence_parallel = True
 
     def forward(self, idx, targets=None):
         """This rank's logits (batch, time, V/t) and, given targets, the global mean loss."""
         idx = np.asarray(idx.data if isinstance(idx, Tensor) else idx)
         if idx.ndim != 2 or idx.shape[1] > self.config.block_size:
             raise ValueError(f"GPT expects ids of shape (batch, time <= {self.config.block_size}), got {idx.shape}")
-        x = self.drop(self.wte(idx) + self.wpe(np.arange(idx.shape[1])))
+        positions = np.arange(idx.shape[1])
+        if self.sequence_parallel:  # wte reduce-scatters: add the positions of my T/t tokens
+            check_sequence_length(idx.shape[1], self.group.size)
+            positions = np.split(positions, self.group.size)[self.group.rank]
+        x = self.drop(self.wte(idx) + self.wpe(positions))
         for block in self.h:
             x = block(x)
         x = self.ln_f(x)
-        if self.config.tie_weights:  # logits = x wte^T: a column-parallel linear with wte's rows
+        if self.config.tie_weights and self.sequence_parallel:  # the head needs every token: g-bar
+            logits = F.linear(gather_from_sequence_parallel_region(x, self.group), self.wte.weight)
+        elif self.config.tie_weights:  # logits = x wte^T: a column-parallel linear with wte's rows
             logits = F.linear(copy_to_tensor_parallel_region(x, self.group), self.wte.weight)
         else:
             logits = self.lm_head(x)
@@ -235,7 +272,8 @@ def parameter_counts(config: GPTConfig, tp: int) -> dict:
     return {"split": split, "replicated": replicated, "per_rank": split // tp + replicated}
 
 
-def traffic_per_step(config: GPTConfig, batch: int, tp: int, itemsize: int = 4, seq: int | None = None) -> dict:
+def traffic_per_step(config: GPTConfig, batch: int, tp: int, itemsize: int = 4, seq: int | None = None,
+                     sequence_parallel: bool = False) -> dict:
     """All-reduces of one training step and the bytes each rank sends for them (predicted).
 
     Activations of B·T·C elements: 2 per block forward (g after attention and MLP), 2 per block
@@ -243,20 +281,32 @@ def traffic_per_step(config: GPTConfig, batch: int, tp: int, itemsize: int = 4, 
     elements: the loss's max and its two sums (one message), the accuracy's argmax (max, then
     min of int64 ids); and one number for the gradient norm. Bytes per call are those of the
     algorithm all_reduce picks for that size (`minidist.dist.cost.terms`); with the ring,
-    2(t-1)/t of the array."""
+    2(t-1)/t of the array.
+
+    sequence_parallel=True: each B·T·C all-reduce becomes one reduce-scatter and one all-gather
+    (ring: (t-1)/t of the array each, together a ring all-reduce's bytes), and one all-reduce of
+    the replicated parameters' partial gradients is added."""
     from minidist.dist.collectives import auto_algorithm
     from minidist.dist.cost import terms
 
     seq = config.block_size if seq is None else seq
     n = batch * seq
-    calls = [(n * config.n_embd * itemsize, 4 * config.n_layer + 2, "activations (B·T·C)"),
-             (n * itemsize, 1, "loss: row max"), (2 * n * itemsize, 1, "loss: sum of exp and target logit"),
+    activations = (n * config.n_embd * itemsize, 4 * config.n_layer + 2, "activations (B·T·C)")
+    calls = [(n * itemsize, 1, "loss: row max"), (2 * n * itemsize, 1, "loss: sum of exp and target logit"),
              (n * itemsize, 1, "accuracy: max"), (n * 8, 1, "accuracy: argmax id (int64)"),
              (8, 1, "gradient norm")]
+    if sequence_parallel:
+        grads = parameter_counts(config, tp)["replicated"] * itemsize
+        calls.append((grads, 1, "sequence-parallel gradients (LayerNorms, row biases, wpe)"))
+    else:
+        calls.insert(0, activations)
+    halves = activations[1] if sequence_parallel else 0  # reduce-scatters, and as many all-gathers
     if tp == 1:
-        return {"all_reduces": 0, "bytes_sent": 0, "calls": calls}
+        return {"all_reduces": 0, "reduce_scatters": 0, "all_gathers": 0, "bytes_sent": 0, "calls": calls}
     sent = sum(count * terms("all_reduce", auto_algorithm(nbytes, tp), tp, nbytes)[1] for nbytes, count, _ in calls)
-    return {"all_reduces": sum(c for _, c, _ in calls), "bytes_sent": int(round(sent)), "calls": calls}
+    sent += halves * sum(terms(kind, "ring", tp, activations[0])[1] for kind in ("reduce_scatter", "all_gather"))
+    return {"all_reduces": sum(c for _, c, _ in calls), "reduce_scatters": halves, "all_gathers": halves,
+            "bytes_sent": int(round(sent)), "calls": calls}
 
 
 # ----------------------------------------------------------------------------- the trainer
@@ -265,16 +315,20 @@ def traffic_per_step(config: GPTConfig, batch: int, tp: int, itemsize: int = 4, 
 class TensorParallelTrainer:
     """The serial training step with every rank of `group` holding 1/t of the big matrices.
 
-    All ranks see the same batch (tensor parallelism splits the model, not the data)."""
+    All ranks see the same batch (tensor parallelism splits the model, not the data).
+    sequence_parallel=True: also split the LayerNorm/dropout/residual activations by tokens."""
 
     name = "tp"
 
     def __init__(self, config: GPTConfig, settings: OptimSettings, task, batch_size: int, seed: int = 0,
-                 group: World | None = None):
+                 group: World | None = None, sequence_parallel: bool = False):
         self.world = resolve(group)
-        check_tensor_parallel(config, self.world.size)
+        check_tensor_parallel(config, self.world.size, sequence_parallel)
+        self.sequence_parallel = sequence_parallel
+        self.name = "tp-sp" if sequence_parallel else "tp"
         self.config, self.settings, self.task, self.batch_size = config, settings, task, batch_size
-        self.local_model = TensorParallelGPT(config, self.world, seed=seed)  # this rank's shard
+        self.local_model = TensorParallelGPT(config, self.world, seed=seed,  # this rank's shard
+                                             sequence_parallel=sequence_parallel)
         self.model = None  # no full model to sample from on one rank (see the chapter)
         self.optimizer = make_optimizer(self.local_model, settings)  # AdamW is elementwise: shards fine
         self.activation_bytes = 0
@@ -287,6 +341,8 @@ class TensorParallelTrainer:
         self.activation_bytes = max(self.activation_bytes, graph_bytes(loss))
         self.local_model.zero_grad()
         loss.backward()
+        if self.sequence_parallel:  # before clipping: the norm needs the whole gradients
+            allreduce_sequence_parallel_grads(self.local_model, self.world)
         s = self.settings
         if s.clip:
             self.last_grad_norm = clip_grad_norm_tensor_parallel_(self.local_model, s.clip, self.world)

@@ -32,10 +32,17 @@ of the table; ids outside its range give zero rows, then g sums) and
 gathering them on one rank: an all-reduce of the row maxima, then one of the sums of exp and
 of the target's logit.
 
+With `sequence_parallel=True` the layers trade f and g for the sequence-parallel functions
+of `sequence.py`: a column-parallel layer all-gathers its input's tokens instead of applying f,
+a row-parallel layer (and the embedding) reduce-scatters its output along the sequence instead
+of applying g.
+
 Parameters cut across ranks carry `p.tensor_model_parallel = True` and `p.partition_dim`
 (Megatron-LM's attribute names); the others are replicated, identical on every rank.
 """
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 
@@ -43,9 +50,25 @@ from minidist import functional as F
 from minidist.dist import all_gather, all_reduce, collectives
 from minidist.dist.world import World, resolve
 from minidist.nn import Module, Parameter
+from minidist.parallel.sequence import gather_from_sequence_parallel_region, reduce_scatter_to_sequence_parallel_region
 from minidist.tensor import Function, Tensor
 
 # ----------------------------------------------------------------------------- communication
+
+
+_ALGORITHM = ["auto"]
+
+
+@contextlib.contextmanager
+def all_reduce_algorithm(name: str):
+    """`with all_reduce_algorithm("ring"): ...` pins the algorithm of the all-reduces below
+    (default "auto"): to compare tensor parallelism's traffic with sequence parallelism's
+    reduce-scatter + all-gather, which are rings."""
+    previous, _ALGORITHM[0] = _ALGORITHM[0], name
+    try:
+        yield
+    finally:
+        _ALGORITHM[0] = previous
 
 
 def all_reduce_unchecked(array: np.ndarray, group: World, op: str = "sum") -> np.ndarray:
@@ -54,7 +77,7 @@ def all_reduce_unchecked(array: np.ndarray, group: World, op: str = "sum") -> np
     the number of messages of these small, latency-bound all-reduces."""
     previous = collectives.set_check(False)
     try:
-        return all_reduce(array, op=op, group=group)
+        return all_reduce(array, op=op, group=group, algorithm=_ALGORITHM[0])
     finally:
         collectives.set_check(previous)
 
@@ -175,19 +198,25 @@ class ColumnParallelLinear(Module):
     The input X is replicated; the output is this rank's out/t features, or the whole Y if
     gather_output=True. `copy_input=False` skips f when the caller has applied it once for
     several layers reading the same input (attention's q, k, v: one all-reduce in backward
-    instead of three, which Megatron gets from its single fused qkv projection)."""
+    instead of three, which Megatron gets from its single fused qkv projection).
+
+    sequence_parallel=True: the input is this rank's T/t tokens; they are all-gathered (g-bar:
+    reduce-scatter in backward) instead of f. copy_input=False skips that too."""
 
     def __init__(self, in_features: int, out_features: int, group: World | None = None, bias: bool = True,
-                 gather_output: bool = False, copy_input: bool = True, dtype=None):
+                 gather_output: bool = False, copy_input: bool = True, sequence_parallel: bool = False,
+                 dtype=None):
         self.group = resolve(group)
         self.in_features, self.out_features = in_features, out_features
         self.output_size_per_partition = divide(out_features, self.group.size, "out_features")
-        self.gather_output, self.copy_input = gather_output, copy_input
+        self.gather_output, self.copy_input, self.sequence_parallel = gather_output, copy_input, sequence_parallel
         self.weight = _split_parameter((out_features, in_features), 0, self.group, dtype)
         self.bias = _split_parameter((out_features,), 0, self.group, dtype) if bias else None
 
     def forward(self, x):
-        if self.copy_input:
+        if self.copy_input and self.sequence_parallel:
+            x = gather_from_sequence_parallel_region(x, self.group)
+        elif self.copy_input:
             x = copy_to_tensor_parallel_region(x, self.group)
         y = F.linear(x, self.weight, self.bias)
         return gather_from_tensor_parallel_region(y, self.group) if self.gather_output else y
@@ -198,31 +227,39 @@ class RowParallelLinear(Module):
 
     The input is already split by features (input_is_parallel=True, the output of a
     column-parallel layer) or is split here. Each rank's X_r A_r^T is a partial sum of Y; g adds
-    them up. The bias is replicated and added once, after the sum."""
+    them up. The bias is replicated and added once, after the sum.
+
+    sequence_parallel=True: the sum is reduce-scattered along the sequence instead of
+    all-reduced; the output (and the bias, added after) is this rank's T/t tokens."""
 
     def __init__(self, in_features: int, out_features: int, group: World | None = None, bias: bool = True,
-                 input_is_parallel: bool = True, dtype=None):
+                 input_is_parallel: bool = True, sequence_parallel: bool = False, dtype=None):
         self.group = resolve(group)
         self.in_features, self.out_features = in_features, out_features
         self.input_size_per_partition = divide(in_features, self.group.size, "in_features")
-        self.input_is_parallel = input_is_parallel
+        self.input_is_parallel, self.sequence_parallel = input_is_parallel, sequence_parallel
         self.weight = _split_parameter((out_features, in_features), 1, self.group, dtype)
         self.bias = Parameter(np.zeros(out_features), dtype) if bias else None
 
     def forward(self, x):
         if not self.input_is_parallel:
             x = scatter_to_tensor_parallel_region(x, self.group)
-        y = reduce_from_tensor_parallel_region(F.linear(x, self.weight), self.group)
+        reduce = reduce_scatter_to_sequence_parallel_region if self.sequence_parallel else reduce_from_tensor_parallel_region
+        y = reduce(F.linear(x, self.weight), self.group)
         return y if self.bias is None else y + self.bias
 
 
 class VocabParallelEmbedding(Module):
     """An embedding table cut by rows (vocabulary entries): this rank holds ids
     [vocab_start_index, vocab_end_index). Ids outside the range look up a zero row; g sums the
-    ranks' rows, and exactly one rank contributed each id's embedding."""
+    ranks' rows, and exactly one rank contributed each id's embedding. With
+    sequence_parallel=True the sum is reduce-scattered along the sequence (this rank's T/t
+    tokens) instead of all-reduced."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, group: World | None = None, dtype=None):
+    def __init__(self, num_embeddings: int, embedding_dim: int, group: World | None = None,
+                 sequence_parallel: bool = False, dtype=None):
         self.group = resolve(group)
+        self.sequence_parallel = sequence_parallel
         self.num_embeddings = num_embeddings
         per_rank = divide(num_embeddings, self.group.size, "vocab_size")
         self.vocab_start_index = self.group.rank * per_rank
@@ -236,6 +273,8 @@ class VocabParallelEmbedding(Module):
         outside = (ids < self.vocab_start_index) | (ids >= self.vocab_end_index)
         local_ids = np.where(outside, 0, ids - self.vocab_start_index)  # any valid row; zeroed next
         rows = F.masked_fill(F.embedding(local_ids, self.weight), outside[..., None], 0.0)
+        if self.sequence_parallel:
+            return reduce_scatter_to_sequence_parallel_region(rows, self.group)
         return reduce_from_tensor_parallel_region(rows, self.group)
 
 
