@@ -1,12 +1,16 @@
 """Benchmark: the pipeline bubble measured against (p - 1) / (m + p - 1) (chapters 4 and 5).
 
     mpirun -n 2 python -m minidist.bench pipeline [--microbatches 1,2,4,8] [--schedules gpipe,1f1b]
-                                                  [--steps 4] [--json PATH]
+                                                  [--virtual-stages 2] [--steps 4] [--json PATH]
+
+(`--schedules 1f1b,interleaved --microbatches 2,4,8` compares interleaved 1F1B with plain 1F1B;
+the interleaved schedule skips an m that is not a multiple of p.)
 
 For each schedule and micro-batch count m it trains the demo's GPT for a few steps on the
 ranks of the job (one pipeline stage per rank) and prints the bubble measured from the real
-timeline (median over steps after the first) beside the theory, the step time, and the peak
-activations each rank held (in micro-batches and MB). The bubble is
+timeline (median over steps after the first) beside the theory, the step time, the pipeline
+messages and bytes each rank sent per step (traffic counters), and the peak activations each
+rank held (in micro-batches and MB). The bubble is
 1 - (sum of forward and backward time on all ranks) / (p x span of the step's compute).
 
 Why measured exceeds theory: the theory assumes free messages and equal stages. Here each
@@ -32,9 +36,10 @@ DEFAULT_CONFIG = dict(vocab_size=256, block_size=64, n_layer=4, n_head=4, n_embd
 
 
 def measure(schedules=("gpipe", "1f1b"), microbatches=(1, 2, 4, 8), steps: int = 4, batch_size: int = 16,
-            config: dict | None = None, dtype: str = "float32") -> list[dict]:
-    """Rank program: one record per (schedule, m), with this rank's events of the last step."""
-    from minidist.dist import get_world
+            config: dict | None = None, dtype: str = "float32", virtual_stages: int = 2) -> list[dict]:
+    """Rank program: one record per (schedule, m), with this rank's events of the last step and
+    its pipeline traffic per step ("messages", "bytes_sent": this rank's, not the sum)."""
+    from minidist.dist import get_world, traffic
     from minidist.parallel.pipeline import PipelineTrainer
     from minidist.tensor import default_dtype
 
@@ -44,15 +49,22 @@ def measure(schedules=("gpipe", "1f1b"), microbatches=(1, 2, 4, 8), steps: int =
         task = make_task("sort", config.block_size, seed=0)
         for schedule in schedules:
             for m in microbatches:
+                if schedule == "interleaved" and m % get_world().size:
+                    continue  # Megatron-LM's interleaved schedule needs m to be a multiple of p
+                v = virtual_stages if schedule == "interleaved" else 1
                 trainer = PipelineTrainer(config, OptimSettings(lr=1e-3, steps=steps), task, batch_size,
-                                          group=get_world(), microbatches=m, schedule=schedule)
+                                          group=get_world(), microbatches=m, schedule=schedule, virtual_stages=v)
+                traffic.reset()
                 seconds = []
                 for s in range(steps):
                     start = time.perf_counter()
                     trainer.step(s)
                     seconds.append(time.perf_counter() - start)
                 report = trainer.pipeline_report()
+                sent = traffic.snapshot().get("pipeline", {})
                 records.append({**report, "step_seconds": float(np.median(seconds[1:] or seconds)),
+                                "messages": sent.get("messages", 0) // steps,
+                                "bytes_sent": sent.get("bytes_sent", 0) // steps,
                                 "bubble_per_step": trainer.bubbles, "events": trainer.step_events(),
                                 "memory": trainer.memory()})
     return records
@@ -61,11 +73,13 @@ def measure(schedules=("gpipe", "1f1b"), microbatches=(1, 2, 4, 8), steps: int =
 def print_table(records) -> None:
     p = records[0]["stages"]
     print(f"pipeline of p={p} stages (one per rank); bubble = idle share of the step's compute span")
-    print(f"{'schedule':9s} {'m':>3s} {'measured':>9s} {'theory':>7s} {'step ms':>8s}  peak activations per rank")
+    print(f"{'schedule':14s} {'m':>3s} {'measured':>9s} {'theory':>7s} {'step ms':>8s} {'msgs':>5s} {'MB sent':>8s}"
+          f"  peak activations per rank")
     for r in records:
         peaks = "  ".join(f"{a['microbatches']} ({a['bytes'] / 1e6:.1f} MB)" for a in r["peak_activations"])
-        print(f"{r['schedule']:9s} {r['microbatches']:3d} {r['bubble_measured']:9.3f} {r['bubble_theory']:7.3f} "
-              f"{r['step_seconds'] * 1e3:8.1f}  {peaks}")
+        name = r["schedule"] + (f" v={r['virtual_stages']}" if r["virtual_stages"] > 1 else "")
+        print(f"{name:14s} {r['microbatches']:3d} {r['bubble_measured']:9.3f} {r['bubble_theory']:7.3f} "
+              f"{r['step_seconds'] * 1e3:8.1f} {r['messages']:5d} {r['bytes_sent'] / 1e6:8.2f}  {peaks}")
 
 
 def main(argv=None):
@@ -75,13 +89,14 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m minidist.bench pipeline", description=__doc__.split("\n")[0])
     parser.add_argument("--microbatches", default="1,2,4,8")
     parser.add_argument("--schedules", default="gpipe,1f1b")
+    parser.add_argument("--virtual-stages", type=int, default=2, help="chunks per rank of the interleaved schedule")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--json", help="write the records (without events) to this file (rank 0)")
     args = parser.parse_args(argv)
     world = get_world()
     records = measure(args.schedules.split(","), [int(m) for m in args.microbatches.split(",")],
-                      args.steps, args.batch_size)
+                      args.steps, args.batch_size, virtual_stages=args.virtual_stages)
     if world.rank == 0:
         print_table(records)
         if args.json:

@@ -301,7 +301,8 @@ def simulate(schedules: list[list[Instruction]], forward: float = 1.0, backward:
             while (ins := next_of(r)) is not None:
                 if ins.kind in (FORWARD, BACKWARD):
                     duration = forward if ins.kind == FORWARD else backward
-                    events[r].append((f"{ins.kind} {_which(ins)}", ins.kind, clock[r], clock[r] + duration))
+                    name = f"{ins.kind} {ins.micro}" + (f".{ins.chunk}" if ins.chunk else "")  # as the engine's
+                    events[r].append((name, ins.kind, clock[r], clock[r] + duration))
                     clock[r] += duration
                 elif ins.kind == STEP:
                     pass
