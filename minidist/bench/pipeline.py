@@ -73,12 +73,12 @@ def measure(schedules=("gpipe", "1f1b"), microbatches=(1, 2, 4, 8), steps: int =
 def print_table(records) -> None:
     p = records[0]["stages"]
     print(f"pipeline of p={p} stages (one per rank); bubble = idle share of the step's compute span")
-    print(f"{'schedule':14s} {'m':>3s} {'measured':>9s} {'theory':>7s} {'step ms':>8s} {'msgs':>5s} {'MB sent':>8s}"
+    print(f"{'schedule':16s} {'m':>3s} {'measured':>9s} {'theory':>7s} {'step ms':>8s} {'msgs':>5s} {'MB sent':>8s}"
           f"  peak activations per rank")
     for r in records:
         peaks = "  ".join(f"{a['microbatches']} ({a['bytes'] / 1e6:.1f} MB)" for a in r["peak_activations"])
         name = r["schedule"] + (f" v={r['virtual_stages']}" if r["virtual_stages"] > 1 else "")
-        print(f"{name:14s} {r['microbatches']:3d} {r['bubble_measured']:9.3f} {r['bubble_theory']:7.3f} "
+        print(f"{name:16s} {r['microbatches']:3d} {r['bubble_measured']:9.3f} {r['bubble_theory']:7.3f} "
               f"{r['step_seconds'] * 1e3:8.1f} {r['messages']:5d} {r['bytes_sent'] / 1e6:8.2f}  {peaks}")
 
 

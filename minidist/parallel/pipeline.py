@@ -160,7 +160,7 @@ class PipelineTrainer:
 
     `microbatches=1` is naive model parallelism (chapter 4); m > 1 with `schedule` "gpipe" or
     "1f1b" is pipeline parallelism (chapter 5), and "interleaved" with `virtual_stages=v` gives
-    each rank v chunks (m must be a multiple of p). `step` returns the same (loss, accuracy) on every
+    each rank v chunks (m must be a multiple of p; v defaults to 2 there, and must be 1 otherwise). `step` returns the same (loss, accuracy) on every
     rank; `state_dict` (a collective: call it on every rank) gives rank 0 the whole model.
     """
 
