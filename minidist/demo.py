@@ -67,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-every", type=int, default=0, help="steps between log lines (0: about 10 lines)")
     p.add_argument("--dp", type=int, help="data-parallel degree (chapter 3); must equal the number of ranks")
     p.add_argument("--tp", type=int, help="tensor-parallel degree (chapter 6); must equal the number of ranks")
+    p.add_argument("--sequence-parallel", action="store_true",
+                   help="with --tp: LayerNorms, residual adds and dropouts on T/t tokens (chapter 6, section 8)")
     p.add_argument("--pp", type=int, help="pipeline stages (chapters 4-5); must equal the number of ranks")
     p.add_argument("--microbatches", type=int, default=4, help="pipeline micro-batches (1: naive model parallelism)")
     p.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved"], default="1f1b", help="pipeline schedule")

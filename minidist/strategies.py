@@ -14,6 +14,7 @@ trainer with the same face: `name`, `step(step) -> (loss, accuracy)`, `memory()`
     pp-1f1b     --pp N --microbatches M --schedule 1f1b     5
     pp-interleaved  --pp N --microbatches M --schedule interleaved [--virtual-stages V]   5
     tp          --tp N                             6
+    tp-sp       --tp N --sequence-parallel         6
     zero1..3    --dp N --zero S                    8
 
 Layouts that combine several degrees (DP x TP x PP) are not built yet: a layout names one.
@@ -41,6 +42,8 @@ def choose(args, config, world_size: int) -> tuple[str | None, dict]:
         raise ValueError("--zero needs --dp N (ZeRO partitions the data-parallel replicas)")
     if args.accumulation != 1 and ("dp" not in given or args.zero):
         raise ValueError("--accumulation needs --dp without --zero (gradient accumulation is part of data parallelism)")
+    if args.sequence_parallel and "tp" not in given:
+        raise ValueError("--sequence-parallel needs --tp N (it splits what tensor parallelism replicates)")
     if not given:
         return (None if world_size > 1 else "serial"), dict(SERIAL)
     (name, degree), = given.items()
@@ -54,8 +57,8 @@ def choose(args, config, world_size: int) -> tuple[str | None, dict]:
                              f"accumulation={args.accumulation}")
         kind = f"zero{args.zero}" if args.zero else ("dp-naive" if args.naive_dp else "dp")
     elif name == "tp":
-        check_tensor_parallel(config, degree)
-        kind = "tp"
+        check_tensor_parallel(config, degree, args.sequence_parallel)
+        kind = "tp-sp" if args.sequence_parallel else "tp"
     else:
         check_pipeline(config, args.batch_size, degree, args.microbatches, args.schedule, _virtual(args, args.schedule))
         kind = "mp" if args.microbatches == 1 and args.schedule != "interleaved" else f"pp-{args.schedule}"
@@ -71,8 +74,9 @@ def make_trainer(kind: str, args, config, task, world):
         return DataParallelTrainer(config, settings, task, args.batch_size, group=world, overlap=kind == "dp",
                                    bucket_cap_bytes=args.bucket_kb * 1024, accumulation=args.accumulation,
                                    **common)
-    if kind == "tp":
-        return TensorParallelTrainer(config, settings, task, args.batch_size, group=world, **common)
+    if kind in ("tp", "tp-sp"):
+        return TensorParallelTrainer(config, settings, task, args.batch_size, group=world,
+                                     sequence_parallel=kind == "tp-sp", **common)
     if kind.startswith("zero"):
         return ZeroTrainer(config, settings, task, args.batch_size, group=world, stage=int(kind[-1]), **common)
     if kind == "mp":
@@ -95,6 +99,8 @@ def tour_plan(args, config, world_size: int) -> tuple[list, list[str]]:
     try:
         check_tensor_parallel(config, n)
         plan.append(("tp", {**SERIAL, "tp": n}, None))
+        check_tensor_parallel(config, n, sequence_parallel=True)
+        plan.append(("tp-sp", {**SERIAL, "tp": n}, None))
     except ValueError as why:
         skipped.append(f"tp: {why}")
     try:

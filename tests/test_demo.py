@@ -85,6 +85,7 @@ def test_bad_layouts_fail_before_any_message(nprocs, flags, message):
 @pytest.mark.parametrize("flags, key", [
     (["--dp", "2", "--zero", "3"], None),
     (["--tp", "2"], None),
+    (["--tp", "2", "--sequence-parallel"], None),
     (["--pp", "2", "--microbatches", "2", "--schedule", "gpipe"], "pipeline"),
 ])
 def test_each_layout_reproduces_serial_and_saves_full_weights(tmp_path, flags, key):
@@ -112,7 +113,7 @@ def test_tour_compares_strategies_with_serial(tmp_path):
     assert proc.returncode == 0, proc.stderr + proc.stdout
     report = json.loads(out.read_text())
     rows = {row["strategy"]: row for row in report["tour"]}
-    assert {"serial", "dp", "dp-naive", "zero1", "zero2", "zero3", "tp", "mp", "pp-gpipe", "pp-1f1b"} <= set(rows)
+    assert {"serial", "dp", "dp-naive", "zero1", "zero2", "zero3", "tp", "tp-sp", "mp", "pp-gpipe", "pp-1f1b"} <= set(rows)
     for row in report["tour"]:
         assert row["max_abs_diff_from_serial"] < 1e-10, row
     assert rows["dp"]["bytes_sent_per_rank"] > 0 and rows["serial"]["bytes_sent_per_rank"] == 0
