@@ -135,13 +135,15 @@ def grad_norm(grads) -> float:
     return math.sqrt(sum(float(np.dot(g.ravel(), g.ravel())) for g in grads if g is not None))
 
 
-def clip_grad_norm_(params, max_norm: float) -> float:
+def clip_grad_norm_(params, max_norm: float, total_norm: float | None = None) -> float:
     """Scale all gradients together so that their global norm is at most max_norm.
 
-    Returns the norm before clipping (as torch.nn.utils.clip_grad_norm_ does).
+    Returns the norm before clipping (as torch.nn.utils.clip_grad_norm_ does). A strategy whose
+    gradients are spread over ranks computes the whole model's norm itself and passes it as
+    `total_norm`; the scaling is then the same as serial.
     """
     params = list(params)
-    total = grad_norm(p.grad for p in params)
+    total = grad_norm(p.grad for p in params) if total_norm is None else total_norm
     scale = max_norm / (total + 1e-6)
     if scale < 1.0:
         for p in params:

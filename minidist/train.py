@@ -34,9 +34,11 @@ def make_optimizer(model, settings: OptimSettings) -> AdamW:
     return AdamW(weight_decay_groups(model, settings.weight_decay), lr=settings.lr, betas=(0.9, 0.95))
 
 
-def clip_and_step(optimizer, params, settings: OptimSettings, step: int) -> float:
-    """The end of every step, shared by all strategies: clip, schedule, update. Returns the norm."""
-    norm = clip_grad_norm_(params, settings.clip) if settings.clip else float("nan")
+def clip_and_step(optimizer, params, settings: OptimSettings, step: int, total_norm: float | None = None) -> float:
+    """The end of every step, shared by all strategies: clip, schedule, update. Returns the norm.
+
+    `total_norm`: the whole model's gradient norm, for strategies whose gradients are sharded."""
+    norm = clip_grad_norm_(params, settings.clip, total_norm) if settings.clip else float("nan")
     set_lr(optimizer, settings.lr_at(step))
     optimizer.step()
     return norm

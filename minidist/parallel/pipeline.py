@@ -46,11 +46,10 @@ from minidist.dist import all_reduce, irecv, isend, sendrecv, wait
 from minidist.dist.world import World, resolve
 from minidist.model import GPT, Block, GPTConfig, init_weights
 from minidist.nn import Dropout, Embedding, LayerNorm, Linear, Module
-from minidist.optim import set_lr
 from minidist.parallel import schedules as S
 from minidist.tensor import Tensor, graph_bytes
 from minidist.timeline import Timeline
-from minidist.train import OptimSettings, make_optimizer
+from minidist.train import OptimSettings, clip_and_step, make_optimizer
 
 TIED_TAG = 1 << 20  # above every activation/gradient tag (2 * (micro * p * v + edge) + direction)
 
@@ -289,14 +288,7 @@ class PipelineTrainer:
             self._sync_tied_weight()
             total = self._global_grad_norm() if self.settings.clip else float("nan")
         with self.timeline.span("optimizer", "optimizer"):
-            if self.settings.clip:
-                scale = self.settings.clip / (total + 1e-6)  # as optim.clip_grad_norm_
-                if scale < 1.0:
-                    for p in self.stage.parameters():
-                        if p.grad is not None:
-                            p.grad *= scale
-            set_lr(self.optimizer, self.settings.lr_at(self.step_index))
-            self.optimizer.step()
+            clip_and_step(self.optimizer, self.stage.parameters(), self.settings, self.step_index, total)
 
     def _sync_tied_weight(self):
         """First and last stage add their halves of wte's gradient (embedding + head)."""

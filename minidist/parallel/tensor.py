@@ -37,7 +37,7 @@ from minidist.dist import all_gather
 from minidist.dist.world import World, resolve
 from minidist.model import GPTConfig, init_weights
 from minidist.nn import Dropout, Embedding, LayerNorm, Module, ModuleList, Parameter
-from minidist.optim import set_lr
+from minidist.optim import clip_grad_norm_, set_lr
 from minidist.parallel.sequence import (SequenceParallelDropout, allreduce_sequence_parallel_grads,
                                         check_sequence_length, gather_from_sequence_parallel_region,
                                         mark_sequence_parallel)
@@ -248,12 +248,7 @@ def clip_grad_norm_tensor_parallel_(model: Module, max_norm: float, group: World
     total = np.array([squares(split)])
     all_reduce_unchecked(total, group)
     norm = math.sqrt(float(total[0]) + squares(replicated))
-    scale = max_norm / (norm + 1e-6)
-    if scale < 1.0:
-        for p in split + replicated:
-            if p.grad is not None:
-                p.grad *= scale
-    return norm
+    return clip_grad_norm_(split + replicated, max_norm, total_norm=norm)
 
 
 # ----------------------------------------------------------------------------- the formulas
