@@ -83,7 +83,7 @@ def check_everything(seed):
         return len(set(comm.allgather(zlib.crc32(x.tobytes())))) == 1
 
     # all_reduce: every algorithm x op x dtype x count
-    for algo in ["naive", "tree", "recursive_doubling", "halving_doubling", "ring", "auto"]:
+    for algo in ["naive", "tree", "recursive_doubling", "halving_doubling", "ring", "shared_memory", "auto"]:
         for dtype in DTYPES:
             for op in ["sum", "avg", "max", "min"]:
                 for count in counts_for(n):
@@ -173,9 +173,27 @@ def check_everything(seed):
     x = data(1000, "float64")
     want = np.empty_like(x)
     mpi_sub.Allreduce(x, want)
-    got = dist.all_reduce(x.copy(), group=sub, algorithm="ring")
-    results.append(("groups", f"split size {sub.size}", sub.size == mpi_sub.size and bool(np.allclose(got, want, rtol=1e-13)),
-                    f"max error {np.max(np.abs(got - want)):.3g}"))
+    for algo in ["ring", "shared_memory"]:
+        got = dist.all_reduce(x.copy(), group=sub, algorithm=algo)
+        results.append(("groups", f"{algo} split size {sub.size}", sub.size == mpi_sub.size and
+                        bool(np.allclose(got, want, rtol=1e-13)), f"max error {np.max(np.abs(got - want)):.3g}"))
+
+    # shared memory beyond the cases above: arrays larger than the window (several pieces),
+    # then many asynchronous calls in flight at once, of mixed sizes, small and large
+    for count in [1_200_007, 3_000_001]:  # float32: 4.8 MB (2 pieces) and 12 MB (3 pieces)
+        x = data(count, "float32")
+        want, scale = oracle_reduce(x, "sum")
+        got = dist.all_reduce(x.copy(), algorithm="shared_memory")
+        compare("shared_memory", f"pieces count={count}", got, want, scale, "float32", "sum")
+        results.append(("shared_memory", f"pieces count={count} identical on ranks", same_on_all_ranks(got), "ranks differ"))
+    arrays = [data(c, "float64") for c in [5, 100_000, 7, 20_000, 300_001, 1]]
+    wants = [oracle_reduce(a, "avg") for a in arrays]
+    works = [dist.all_reduce(a, op="avg", algorithm="shared_memory", async_op=True) for a in arrays]
+    m = np.eye(40)
+    while not all(wk.test() for wk in works):
+        m = m @ m  # compute between polls
+    for i, (wk, a, (want, scale)) in enumerate(zip(works, arrays, wants)):
+        compare("shared_memory", f"async {i} count={a.size}", wk.wait(), want, scale, "float64", "avg")
     return results, traffic_checks(dist, traffic, chunk_bounds, w), other_checks(dist, w, comm, rng)
 
 
@@ -189,12 +207,15 @@ def traffic_checks(dist, traffic, chunk_bounds, w):
                        ("all_reduce.tree", lambda: dist.all_reduce(x.copy(), algorithm="tree")),
                        ("all_reduce.recursive_doubling", lambda: dist.all_reduce(x.copy(), algorithm="recursive_doubling")),
                        ("all_reduce.halving_doubling", lambda: dist.all_reduce(x.copy(), algorithm="halving_doubling")),
+                       ("all_reduce.shared_memory", lambda: dist.all_reduce(x.copy(), algorithm="shared_memory")),
+                       ("small shared_memory", lambda: dist.all_reduce(x[:1000].copy(), algorithm="shared_memory")),
                        ("reduce_scatter.ring", lambda: dist.reduce_scatter(x)),
                        ("all_gather.ring", lambda: dist.all_gather(x[slice(*chunk_bounds(count, n)[w.rank])],
                                                                    out=np.empty(count)))]:
         traffic.reset()
         call()
-        out[name] = traffic.snapshot().get(name, {"bytes_sent": 0, "messages": 0, "bytes_received": 0})
+        kind = name.replace("small ", "all_reduce.")
+        out[name] = traffic.snapshot().get(kind, {"bytes_sent": 0, "messages": 0, "bytes_received": 0})
     out["gather"] = traffic.gather()
     out["chunks"] = [b - a for a, b in chunk_bounds(count, n)]
     out["S"] = x.nbytes
@@ -222,8 +243,8 @@ def other_checks(dist, w, comm, rng):
             out[f"mismatch {what}"] = str(exc)
     # async: two all-reduces in flight at once while this rank computes, then wait
     a, b = rng.standard_normal(300_000), rng.standard_normal(1000)
-    want_a, want_b = dist.all_reduce(a.copy()), dist.all_reduce(b.copy())
-    wa = dist.all_reduce(a, async_op=True)
+    want_a, want_b = dist.all_reduce(a.copy(), algorithm="ring"), dist.all_reduce(b.copy(), algorithm="tree")
+    wa = dist.all_reduce(a, async_op=True, algorithm="ring")
     wb = dist.all_reduce(b, async_op=True, algorithm="tree")
     polls, m = 0, np.eye(60)
     while not (wa.test() and wb.test()):
@@ -250,6 +271,19 @@ def other_checks(dist, w, comm, rng):
             out["timeout"] = str(exc)
         p2p.set_wait_policy(**old)
         dist.set_check(check)
+        # the same with flags in shared memory (check off, or it would be the check that waits)
+        old, check = p2p.set_wait_policy(timeout=0.5), dist.set_check(False)
+        sub = w.split(0)
+        dist.all_reduce(np.zeros(1), group=sub, algorithm="shared_memory")  # makes the window on every rank
+        try:
+            if r != n - 1:
+                dist.all_reduce(np.zeros(4), group=sub, algorithm="shared_memory")
+            out["shm timeout"] = None
+        except dist.CommTimeout as exc:
+            out["shm timeout"] = str(exc)
+        p2p.set_wait_policy(**old)
+        dist.set_check(check)
+        dist.barrier()  # the late rank must not run ahead into the next launch's calls
     return out
 
 
@@ -264,7 +298,7 @@ def results_for(n):
     return _cache[n]
 
 
-GROUPS = ["all_reduce", "reduce", "broadcast", "reduce_scatter", "all_gather", "all_to_all", "groups"]
+GROUPS = ["all_reduce", "reduce", "broadcast", "reduce_scatter", "all_gather", "all_to_all", "groups", "shared_memory"]
 
 
 @pytest.mark.parametrize("n", SIZES)
@@ -292,6 +326,12 @@ def test_traffic_matches_formulas(n):
         assert t["reduce_scatter.ring"]["bytes_sent"] == S - c[r]
         assert abs(t["reduce_scatter.ring"]["bytes_sent"] - (n - 1) / n * S) <= 8
         assert t["all_gather.ring"]["bytes_sent"] == S - c[(r + 1) % n]
+        # shared memory, large (80 KB): others read their chunks of my slot and my chunk of the
+        # result, like the ring's 2(N-1)/N S; small (8 KB): everyone reads my whole slot
+        shm = t["all_reduce.shared_memory"]
+        assert shm["bytes_sent"] == shm["bytes_received"] == (S - c[r]) + (n - 1) * c[r]
+        assert abs(shm["bytes_sent"] - 2 * (n - 1) / n * S) <= 2 * n * 8
+        assert t["small shared_memory"]["bytes_sent"] == (n - 1) * 8000
         naive = t["all_reduce.naive"]
         assert naive["bytes_sent"] == ((n - 1) * S if r == 0 else S)
         assert naive["bytes_received"] == ((n - 1) * S if r == 0 else S)
@@ -356,3 +396,6 @@ def test_timeout_names_rank_peer_and_tag(n):
         assert "all_reduce.ring" in msg and "tag" in msg
         if r == 0:  # rank 0 receives from its left neighbour, the rank that never came
             assert f"from rank {n - 1}" in msg
+        msg = [res[2]["shm timeout"] for res in results_for(n)][r]
+        assert msg is not None and f"rank {r} of {n}" in msg and "shared-memory all_reduce" in msg
+        assert f"waiting for rank(s) [{n - 1}] to arrive" in msg

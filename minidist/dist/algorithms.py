@@ -30,6 +30,11 @@ from __future__ import annotations
 import numpy as np
 
 
+# Messages of this many bytes and more go by MPICH's single-copy path between processes of
+# one machine (CMA, MPIR_CVAR_CH4_IPC_CMA_P2P_THRESHOLD): see all_reduce_recursive_doubling.
+STAGE_BYTES = 8192
+
+
 def chunk_bounds(count: int, n: int) -> list[tuple[int, int]]:
     """[(start, stop)] of n chunks of `count` elements, exactly as np.array_split cuts them."""
     q, r = divmod(count, n)
@@ -144,10 +149,15 @@ def all_reduce_recursive_doubling(ctx, buf, op):
     def real(v):  # virtual rank among the P participants -> rank in the group
         return 2 * v + 1 if v < extra else v + extra
 
+    # From 8 KB up, send a staging copy instead of `buf` itself: we add into `buf` right after
+    # the exchange, and writing into an array the peer's kernel has just read (MPICH's
+    # single-copy path) is slow. One copy costs less (chapter 07, "Staging copies").
+    staged = np.empty_like(buf) if buf.nbytes >= STAGE_BYTES else None
     mask = 1
     while mask < p:
         partner = real(vr ^ mask)
-        yield [ctx.recv(tmp, partner), ctx.send(buf, partner)]
+        outgoing = buf if staged is None else np.copyto(staged, buf) or staged
+        yield [ctx.recv(tmp, partner), ctx.send(outgoing, partner)]
         op(buf, tmp, out=buf)  # same op on both sides: a+b == b+a exactly, so ranks agree
         mask <<= 1
     if r < 2 * extra:

@@ -31,7 +31,7 @@ import numpy as np
 from mpi4py import MPI
 
 from minidist.dist import algorithms as alg
-from minidist.dist import cost, p2p, traffic
+from minidist.dist import cost, p2p, shared_memory, traffic
 from minidist.dist.world import World, resolve
 
 OPS = {"sum": np.add, "avg": np.add, "max": np.maximum, "min": np.minimum}
@@ -48,6 +48,7 @@ ALL_REDUCE = {
     "recursive_doubling": alg.all_reduce_recursive_doubling,
     "halving_doubling": alg.all_reduce_halving_doubling,
     "ring": alg.all_reduce_ring,
+    "shared_memory": shared_memory.all_reduce_shared_memory,
 }
 BROADCAST = {"tree": alg.broadcast_tree, "naive": alg.broadcast_naive}
 REDUCE = {"tree": alg.reduce_tree, "naive": alg.reduce_naive}
@@ -105,8 +106,12 @@ class _Ctx:
 
     def wait(self, pending, timeout=None):
         """Wait for one step's requests: a single Testall when they are already complete (the
-        common case for small messages), else the polite wait of p2p.py."""
-        if not _testall(pending):
+        common case for small messages), else the polite wait of p2p.py. (The shared-memory
+        all-reduce yields a FlagWait instead of requests: flags in memory, polled as politely.)"""
+        if pending.__class__ is _FlagWait:
+            if not pending.test():
+                p2p.poll_until(pending.test, timeout, pending.timed_out, busy=shared_memory.BUSY)
+        elif not _testall(pending):
             p2p.poll(pending, timeout, lambda: self.explain(pending))
         self.posted.clear()  # this step is done; only the current step can time out
 
@@ -119,6 +124,11 @@ class _Ctx:
 
 _BYTE = MPI.BYTE
 _testall = MPI.Request.Testall
+_FlagWait = shared_memory.FlagWait
+
+
+def _ready(pending) -> bool:
+    return pending.test() if pending.__class__ is _FlagWait else _testall(pending)
 
 
 class Work:
@@ -135,7 +145,7 @@ class Work:
             if self._pending:
                 if block:
                     self._ctx.wait(self._pending, timeout)
-                elif not _testall(self._pending):
+                elif not _ready(self._pending):
                     return False
                 else:
                     self._ctx.posted.clear()
@@ -176,7 +186,7 @@ def _flat(array: np.ndarray, name: str) -> np.ndarray:
         raise TypeError(f"{name} takes a NumPy array, got {type(array).__name__}")
     if not array.flags.c_contiguous:
         raise ValueError(f"{name} needs a C-contiguous array (use np.ascontiguousarray); got strides {array.strides}")
-    return array.reshape(-1)  # a view: in-place results land in the caller's array
+    return array if array.ndim == 1 else array.reshape(-1)  # a view: results land in the caller's array
 
 
 def _op(op: str, dtype, name: str):
@@ -224,23 +234,36 @@ def check_consistent(world: World, name: str, count: int, dtype, op: str = "", r
 def all_reduce(array: np.ndarray, op: str = "sum", group: World | None = None,
                algorithm: str = "auto", async_op: bool = False):
     """Reduce `array` over all ranks of `group`, in place; every rank gets the result.
-    algorithm: "naive", "tree", "recursive_doubling", "halving_doubling", "ring" or "auto"
-    (the one the alpha-beta model predicts fastest for this size and group: `auto_algorithm`)."""
+    algorithm: "naive", "tree", "recursive_doubling", "halving_doubling", "ring",
+    "shared_memory" or "auto": shared memory when every rank of the group is on this machine
+    (shared_memory.py), else the message algorithm the alpha-beta model predicts fastest for
+    this size and group (`auto_algorithm`)."""
     world, buf = resolve(group), _flat(array, "all_reduce")
     ufunc = _op(op, buf.dtype, "all_reduce")
-    if algorithm == "auto":
-        algorithm = auto_algorithm(buf.nbytes, world.size)
-    if algorithm not in ALL_REDUCE:
+    if algorithm not in ALL_REDUCE and algorithm != "auto":
         raise ValueError(f"all_reduce: unknown algorithm {algorithm!r}; choose from {sorted(ALL_REDUCE)} or 'auto'")
     if _CHECK[0]:
         check_consistent(world, "all_reduce", buf.size, buf.dtype, op)
-
-    ctx = steps = None
-    if world.size > 1 and buf.size > 0:
-        ctx = _Ctx(world, _KIND[algorithm])
-        steps = ALL_REDUCE[algorithm](ctx, buf, ufunc)
     finish = (lambda: np.divide(buf, world.size, out=buf)) if op == "avg" else None
-    return _run(ctx, steps, array, async_op, finish)
+    if world.size == 1 or buf.size == 0:
+        return _run(None, None, array, async_op, finish)
+    shared = None
+    if algorithm == "auto":
+        shared = shared_memory.window_or_none(world)
+        algorithm = "shared_memory" if shared is not None else auto_algorithm(buf.nbytes, world.size)
+    elif algorithm == "shared_memory":
+        shared = shared_memory.window(world)
+    if shared is not None:
+        if shared.in_flight is not None:  # calls on one window finish in order (shared_memory.py)
+            shared.in_flight.wait()
+            shared.in_flight = None
+
+    ctx = _Ctx(world, _KIND[algorithm])
+    steps = ALL_REDUCE[algorithm](ctx, buf, ufunc)
+    result = _run(ctx, steps, array, async_op, finish)
+    if shared is not None and async_op:
+        shared.in_flight = result
+    return result
 
 
 @functools.lru_cache(maxsize=1024)  # a pure function of (nbytes, n): decide once, not per call

@@ -58,6 +58,11 @@ def terms(collective: str, algorithm: str, n: int, nbytes: float) -> tuple[float
             return 2 * k + extra, 2 * (p - 1) / p * S + extra * S, (p - 1) / p * S + (1 if extra else 0) * S
         if algorithm == "ring":
             return 2 * (n - 1), 2 * (n - 1) / n * S, (n - 1) / n * S
+        if algorithm == "shared_memory":  # steps are handshakes on flags; bytes are read from others
+            from minidist.dist.shared_memory import SMALL
+            if S <= SMALL:
+                return 1, (n - 1) * S, (n - 1) * S
+            return 2, 2 * (n - 1) / n * S, (n - 1) / n * S
     if collective == "reduce_scatter" and algorithm == "ring":
         return n - 1, (n - 1) / n * S, (n - 1) / n * S
     if collective == "all_gather" and algorithm == "ring":

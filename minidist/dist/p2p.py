@@ -140,17 +140,32 @@ def poll(raw: list, timeout: float | None = None, explain=None):
     if not _Policy.polite and timeout is None:
         MPI.Request.Waitall(raw)  # MPI's own wait: spins at 100% CPU (for comparison only)
         return
-    testall, clock = MPI.Request.Testall, time.perf_counter
+    testall = MPI.Request.Testall
+    poll_until(lambda: testall(raw), timeout,
+               lambda waited: _raise_timeout(explain() if explain else [], raw, waited))
+
+
+def poll_until(ready, timeout: float | None = None, on_timeout=None, busy: float | None = None):
+    """Wait politely until `ready()` is true: flat out for `busy` seconds (default: the
+    policy's), then yielding the core until `spin`, then sleeping with back-off. Requests use
+    it through `poll`; the shared-memory all-reduce waits on flags in memory with it.
+    `on_timeout(waited)` raises."""
+    clock = time.perf_counter
     timeout = _Policy.timeout if timeout is None else timeout
     start = clock()
-    busy_until, spin_until = start + _Policy.busy, start + _Policy.spin
+    busy_until = start + (_Policy.busy if busy is None else busy)
+    spin_until = start + _Policy.spin
+    if not _Policy.polite:
+        busy_until = spin_until = start + timeout  # spin like MPI does (for comparison only)
     sleep = 1e-5
-    while not testall(raw):
+    while not ready():
         now = clock()
         if now < busy_until:
             continue  # a message from a busy peer usually arrives within microseconds
         if now - start > timeout:
-            _raise_timeout(explain() if explain else [], raw, now - start)
+            if on_timeout is not None:
+                on_timeout(now - start)
+            raise CommTimeout(f"rank {global_rank()} timed out after {now - start:.1f} s")
         if now < spin_until:
             os.sched_yield()  # give the core to a rank that has work, if any
         else:

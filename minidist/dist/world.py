@@ -36,6 +36,7 @@ class World:
         # Tags above this are reserved; MPI guarantees at least 32767, MPICH gives 2**29 - 1.
         self._tag_ub = min(int(comm.Get_attr(MPI.TAG_UB) or 32767), 2**30)
         self._seq = 0
+        self.cache = {}  # per-group state of the collectives (e.g. the shared-memory window)
 
     # -- identity ---------------------------------------------------------------------------
     def __repr__(self):

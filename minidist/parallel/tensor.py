@@ -268,15 +268,16 @@ def parameter_counts(config: GPTConfig, tp: int) -> dict:
 
 
 def traffic_per_step(config: GPTConfig, batch: int, tp: int, itemsize: int = 4, seq: int | None = None,
-                     sequence_parallel: bool = False) -> dict:
+                     sequence_parallel: bool = False, one_machine: bool = True) -> dict:
     """All-reduces of one training step and the bytes each rank sends for them (predicted).
 
     Activations of B·T·C elements: 2 per block forward (g after attention and MLP), 2 per block
     backward (f before them), the embedding's g and the head's f: 4L + 2. Small ones of B·T
     elements: the loss's max and its two sums (one message), the accuracy's argmax (max, then
     min of int64 ids); and one number for the gradient norm. Bytes per call are those of the
-    algorithm all_reduce picks for that size (`minidist.dist.cost.terms`); with the ring,
-    2(t-1)/t of the array.
+    algorithm all_reduce picks for that size (`minidist.dist.cost.terms`): with every rank on one
+    machine (one_machine=True, as under mpirun here) shared memory, which sends (t-1) x the array
+    up to 64 KB and 2(t-1)/t of it above, like the ring; across machines the alpha-beta choice.
 
     sequence_parallel=True: each B·T·C all-reduce becomes one reduce-scatter and one all-gather
     (ring: (t-1)/t of the array each, together a ring all-reduce's bytes), and one all-reduce of
@@ -298,7 +299,10 @@ def traffic_per_step(config: GPTConfig, batch: int, tp: int, itemsize: int = 4, 
     halves = activations[1] if sequence_parallel else 0  # reduce-scatters, and as many all-gathers
     if tp == 1:
         return {"all_reduces": 0, "reduce_scatters": 0, "all_gathers": 0, "bytes_sent": 0, "calls": calls}
-    sent = sum(count * terms("all_reduce", auto_algorithm(nbytes, tp), tp, nbytes)[1] for nbytes, count, _ in calls)
+    def chosen(nbytes):
+        return "shared_memory" if one_machine else auto_algorithm(nbytes, tp)
+
+    sent = sum(count * terms("all_reduce", chosen(nbytes), tp, nbytes)[1] for nbytes, count, _ in calls)
     sent += halves * sum(terms(kind, "ring", tp, activations[0])[1] for kind in ("reduce_scatter", "all_gather"))
     return {"all_reduces": sum(c for _, c, _ in calls), "reduce_scatters": halves, "all_gathers": halves,
             "bytes_sent": int(round(sent)), "calls": calls}
