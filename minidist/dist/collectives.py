@@ -108,7 +108,7 @@ class _Ctx:
         """Wait for one step's requests: a single Testall when they are already complete (the
         common case for small messages), else the polite wait of p2p.py. (The shared-memory
         all-reduce yields a FlagWait instead of requests: flags in memory, polled as politely.)"""
-        if pending.__class__ is _FlagWait:
+        if pending.__class__ is not list:  # a condition in shared memory (FlagWait, AfterWork)
             if not pending.test():
                 p2p.poll_until(pending.test, timeout, pending.timed_out, busy=shared_memory.BUSY)
         elif not _testall(pending):
@@ -124,11 +124,10 @@ class _Ctx:
 
 _BYTE = MPI.BYTE
 _testall = MPI.Request.Testall
-_FlagWait = shared_memory.FlagWait
 
 
 def _ready(pending) -> bool:
-    return pending.test() if pending.__class__ is _FlagWait else _testall(pending)
+    return _testall(pending) if pending.__class__ is list else pending.test()
 
 
 class Work:
@@ -253,13 +252,16 @@ def all_reduce(array: np.ndarray, op: str = "sum", group: World | None = None,
         algorithm = "shared_memory" if shared is not None else auto_algorithm(buf.nbytes, world.size)
     elif algorithm == "shared_memory":
         shared = shared_memory.window(world)
-    if shared is not None:
-        if shared.in_flight is not None:  # calls on one window finish in order (shared_memory.py)
-            shared.in_flight.wait()
-            shared.in_flight = None
+    before = None
+    if shared is not None and shared.in_flight is not None:  # calls on one window run in order
+        before, shared.in_flight = shared.in_flight, None
+        if not async_op:
+            before.wait()
 
     ctx = _Ctx(world, _KIND[algorithm])
     steps = ALL_REDUCE[algorithm](ctx, buf, ufunc)
+    if before is not None and async_op:
+        steps = shared_memory.after(before, steps)  # queued behind it, without blocking now
     result = _run(ctx, steps, array, async_op, finish)
     if shared is not None and async_op:
         shared.in_flight = result

@@ -78,7 +78,8 @@ def window(world) -> "SharedWindow":
 
 class FlagWait:
     """What the shared-memory all-reduce waits for: every rank's flag `row` at call k or later.
-    The collectives' drivers poll `test()` like MPI requests."""
+    The collectives' drivers poll `test()` where message algorithms give MPI requests, and
+    call `timed_out(seconds)` to raise when it takes too long."""
 
     __slots__ = ("window", "row", "k", "flags")
 
@@ -143,9 +144,10 @@ class SharedWindow:
             self.win.Free()
             self.win = None
 
-    def raise_flag(self, row, k):
+    def raise_flag(self, row, k, counts):
         self.win.Sync()  # my data first, then my flag
         self.flag_rows[row][self.rank] = k
+        counts.messages += 1  # a raised flag is this protocol's message (N-1 others read it)
 
     def wait_for(self, row, k) -> FlagWait:
         wait = self.waits[row]
@@ -170,7 +172,7 @@ class SharedWindow:
         k, n, r = self.calls, self.size, self.rank
         slots, result = self.views(k & 1, x.dtype, x.size)  # slots[j] is rank j's
         np.copyto(slots[r], x)
-        self.raise_flag(ARRIVED, k)
+        self.raise_flag(ARRIVED, k, ctx.counts)
         yield self.wait_for(ARRIVED, k)
         self.win.Sync()  # their flags seen, now their data
         counts = ctx.counts
@@ -186,7 +188,7 @@ class SharedWindow:
         op(slots[0][a:b], slots[1][a:b], out=mine)
         for j in range(2, n):
             op(mine, slots[j][a:b], out=mine)
-        self.raise_flag(REDUCED, k)
+        self.raise_flag(REDUCED, k, counts)
         yield self.wait_for(REDUCED, k)
         self.win.Sync()
         np.copyto(x, result)
@@ -197,15 +199,32 @@ class SharedWindow:
 
 
 def all_reduce_shared_memory(ctx, buf, op):
-    """All-reduce `buf` in place through the group's shared window, piece by piece."""
+    """All-reduce `buf` in place through the group's shared window, piece by piece. Nothing
+    runs before the first step is asked for, so a call queued behind another (`after`) grows
+    the window only once that one is done."""
     shared = window(ctx.world)
     shared.ensure(buf.nbytes)
-    if buf.nbytes <= shared.capacity:
-        return shared.all_reduce_piece(ctx, buf, op)  # the common case: one piece
-    return _pieces(shared, ctx, buf, op)
-
-
-def _pieces(shared, ctx, buf, op):
     step = shared.capacity // buf.itemsize
     for start in range(0, buf.size, step):
         yield from shared.all_reduce_piece(ctx, buf[start:start + step], op)
+
+
+class AfterWork:
+    """Waits for an earlier asynchronous call on the same window (calls run in order)."""
+
+    __slots__ = ("work",)
+
+    def __init__(self, work):
+        self.work = work
+
+    def test(self) -> bool:
+        return self.work.test()  # advances the earlier call as far as it can go
+
+    def timed_out(self, waited):
+        self.work.wait(timeout=0.0)  # raises the earlier call's own timeout, naming its ranks
+
+
+def after(work, steps):
+    """`steps`, started only once `work` (an earlier call on this window) has finished."""
+    yield AfterWork(work)
+    yield from steps
