@@ -258,7 +258,13 @@ def all_reduce(array: np.ndarray, op: str = "sum", group: World | None = None,
         if not async_op:
             before.wait()
 
-    ctx = _Ctx(world, _KIND[algorithm])
+    if shared is None:
+        ctx = _Ctx(world, _KIND[algorithm])
+    elif shared.ctx is None:  # shared memory uses no tags or requests: one context serves every call
+        ctx = shared.ctx = _Ctx(world, _KIND[algorithm])
+    else:
+        ctx = shared.ctx
+        ctx.counts.calls += 1
     steps = ALL_REDUCE[algorithm](ctx, buf, ufunc)
     if before is not None and async_op:
         steps = shared_memory.after(before, steps)  # queued behind it, without blocking now

@@ -109,6 +109,7 @@ class SharedWindow:
         self.rank, self.size = node_comm.Get_rank(), node_comm.Get_size()
         self.calls = 0          # call numbers k (equal on every rank)
         self.in_flight = None   # the asynchronous Work still using the window, if any
+        self.ctx = None         # the collectives' call context, made once (see all_reduce)
         self.capacity, self.win = 0, None
 
     def ensure(self, nbytes: int):
