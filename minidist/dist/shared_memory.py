@@ -31,7 +31,7 @@ Three details make it correct:
 * Memory order: the data must be visible before the flag. x86 keeps stores in order; the
   window's `Sync` (a memory barrier) makes it hold on any CPU.
 
-Arrays larger than the window go through it in pieces of at most PIECE bytes, one call
+Arrays larger than a piece (64 KB x N^2) go through the window piece after piece, one call
 number each. Traffic is counted as the bytes other ranks read of what this rank wrote, so
 that it compares with the message algorithms (kind "all_reduce.shared_memory").
 """
@@ -46,7 +46,12 @@ from minidist.dist.world import global_rank
 
 LINE = 64          # one flag per cache line, so raising mine does not disturb my neighbour's
 SMALL = 64 << 10   # up to this size: one handshake, everyone reduces everything
-PIECE = 4 << 20    # the largest piece (and the window's largest slot)
+# Large arrays go in pieces of 64 KB x N^2 (256 KB on 2 ranks, 1 MB on 4): small enough to stay
+# in the CPU's cache between the copies and the adds, large enough that the handshakes (which
+# grow with N: more ranks must be scheduled on the same cores) stay a small part of each piece.
+# Measured, ours / MPI at 2 ranks, 4 MB and 16 MB: 4 MB pieces 1.04 and 0.87, 256 KB 0.90 and 0.73;
+# at 4 ranks: 4 MB pieces 0.78 and 0.70, 1 MB 0.80 and 0.64, 256 KB 1.04 and 0.81.
+PIECE_PER_RANK_SQUARED = 64 << 10
 ARRIVED, REDUCED = 0, 1
 # Waiting for a flag yields the core at once instead of polling flat out for p2p's 5 us first:
 # the rank that will raise it shares our core as often as not (4 ranks on 2 cores). Measured,
@@ -111,16 +116,17 @@ class SharedWindow:
         self.in_flight = None   # the asynchronous Work still using the window, if any
         self.ctx = None         # the collectives' call context, made once (see all_reduce)
         self.capacity, self.win = 0, None
+        self.piece = PIECE_PER_RANK_SQUARED * self.size ** 2
 
     def ensure(self, nbytes: int):
-        """Grow the window to hold a piece of min(nbytes, PIECE) bytes. Allocating is a
+        """Grow the window to hold a piece of min(nbytes, self.piece) bytes. Allocating is a
         collective call; every rank sees the same sizes in the same order, so all grow together."""
         if nbytes <= self.capacity:
             return
-        need = -(-min(nbytes, PIECE) // LINE) * LINE
+        need = -(-min(nbytes, self.piece) // LINE) * LINE
         if need <= self.capacity:
             return
-        capacity = max(need, min(2 * self.capacity, PIECE), 64 << 10)
+        capacity = max(need, min(2 * self.capacity, self.piece), SMALL)
         self.free()
         n, flag_bytes = self.size, 2 * self.size * LINE
         total = flag_bytes + (2 * n + 1) * capacity
