@@ -58,6 +58,7 @@ ARRIVED, REDUCED = 0, 1
 # 1 KB at 4 ranks (ours / MPI): 1.21-1.93x with 5 us of flat-out polling, 1.13-1.29x without.
 BUSY = 0.0
 
+
 def available(world) -> bool:
     """True when every rank of `world` runs on this machine (decided once per World; the first
     call is a collective, made inside the first all_reduce every rank makes)."""
