@@ -156,7 +156,10 @@ def all_reduce_recursive_doubling(ctx, buf, op):
     mask = 1
     while mask < p:
         partner = real(vr ^ mask)
-        outgoing = buf if staged is None else np.copyto(staged, buf) or staged
+        outgoing = buf
+        if staged is not None:
+            np.copyto(staged, buf)
+            outgoing = staged
         yield [ctx.recv(tmp, partner), ctx.send(outgoing, partner)]
         op(buf, tmp, out=buf)  # same op on both sides: a+b == b+a exactly, so ranks agree
         mask <<= 1

@@ -252,24 +252,30 @@ def all_reduce(array: np.ndarray, op: str = "sum", group: World | None = None,
         algorithm = "shared_memory" if shared is not None else auto_algorithm(buf.nbytes, world.size)
     elif algorithm == "shared_memory":
         shared = shared_memory.window(world)
-    before = None
-    if shared is not None and shared.in_flight is not None:  # calls on one window run in order
-        before, shared.in_flight = shared.in_flight, None
-        if not async_op:
-            before.wait()
+    if shared is not None:
+        return _run_in_order(shared, buf, ufunc, array, async_op, finish)
+    ctx = _Ctx(world, _KIND[algorithm])
+    return _run(ctx, ALL_REDUCE[algorithm](ctx, buf, ufunc), array, async_op, finish)
 
-    if shared is None:
-        ctx = _Ctx(world, _KIND[algorithm])
-    elif shared.ctx is None:  # shared memory uses no tags or requests: one context serves every call
-        ctx = shared.ctx = _Ctx(world, _KIND[algorithm])
+
+def _run_in_order(shared, buf, ufunc, array, async_op, finish):
+    """Drive the shared-memory all-reduce. Calls on one window must finish in order
+    (shared_memory.py), so a new call first lets the one in flight finish: now, if this call
+    blocks; queued behind it, if this call is asynchronous. It posts no messages, so it needs
+    no fresh tag: one call context serves every call on the window."""
+    if shared.ctx is None:
+        shared.ctx = _Ctx(shared.world, _KIND["shared_memory"])
     else:
-        ctx = shared.ctx
-        ctx.counts.calls += 1
-    steps = ALL_REDUCE[algorithm](ctx, buf, ufunc)
-    if before is not None and async_op:
-        steps = shared_memory.after(before, steps)  # queued behind it, without blocking now
-    result = _run(ctx, steps, array, async_op, finish)
-    if shared is not None and async_op:
+        shared.ctx.counts.calls += 1
+    steps = shared_memory.all_reduce_shared_memory(shared.ctx, buf, ufunc)
+    before, shared.in_flight = shared.in_flight, None
+    if before is not None:
+        if async_op:
+            steps = shared_memory.after(before, steps)
+        else:
+            before.wait()
+    result = _run(shared.ctx, steps, array, async_op, finish)
+    if async_op:
         shared.in_flight = result
     return result
 

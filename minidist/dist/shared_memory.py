@@ -115,7 +115,7 @@ class SharedWindow:
         self.rank, self.size = node_comm.Get_rank(), node_comm.Get_size()
         self.calls = 0          # call numbers k (equal on every rank)
         self.in_flight = None   # the asynchronous Work still using the window, if any
-        self.ctx = None         # the collectives' call context, made once (see all_reduce)
+        self.ctx = None         # the collectives' call context, made once (collectives._run_in_order)
         self.capacity, self.win = 0, None
         self.piece = PIECE_PER_RANK_SQUARED * self.size ** 2
 
