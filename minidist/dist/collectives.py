@@ -252,13 +252,13 @@ def all_reduce(array: np.ndarray, op: str = "sum", group: World | None = None,
         algorithm = "shared_memory" if shared is not None else auto_algorithm(buf.nbytes, world.size)
     elif algorithm == "shared_memory":
         shared = shared_memory.window(world)
-    if shared is not None:
-        return _run_in_order(shared, buf, ufunc, array, async_op, finish)
+    if shared is not None:  # it divides each reduced chunk itself, while the chunk is in cache
+        return _run_in_order(shared, buf, ufunc, array, async_op, average=(op == "avg"))
     ctx = _Ctx(world, _KIND[algorithm])
     return _run(ctx, ALL_REDUCE[algorithm](ctx, buf, ufunc), array, async_op, finish)
 
 
-def _run_in_order(shared, buf, ufunc, array, async_op, finish):
+def _run_in_order(shared, buf, ufunc, array, async_op, average):
     """Drive the shared-memory all-reduce. Calls on one window must finish in order
     (shared_memory.py), so a new call first lets the one in flight finish: now, if this call
     blocks; queued behind it, if this call is asynchronous. It posts no messages, so it needs
@@ -267,14 +267,14 @@ def _run_in_order(shared, buf, ufunc, array, async_op, finish):
         shared.ctx = _Ctx(shared.world, _KIND["shared_memory"])
     else:
         shared.ctx.counts.calls += 1
-    steps = shared_memory.all_reduce_shared_memory(shared.ctx, buf, ufunc)
+    steps = shared_memory.all_reduce_shared_memory(shared.ctx, buf, ufunc, average)
     before, shared.in_flight = shared.in_flight, None
     if before is not None:
         if async_op:
             steps = shared_memory.after(before, steps)
         else:
             before.wait()
-    result = _run(shared.ctx, steps, array, async_op, finish)
+    result = _run(shared.ctx, steps, array, async_op)
     if async_op:
         shared.in_flight = result
     return result

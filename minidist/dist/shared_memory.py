@@ -173,9 +173,10 @@ class SharedWindow:
             found = self._views[key] = (list(slots), self.result_bytes[:nbytes].view(dtype))
         return found
 
-    def all_reduce_piece(self, ctx, x, op):
+    def all_reduce_piece(self, ctx, x, op, average=False):
         """The protocol above for one piece x (at most `capacity` bytes), as a generator that
-        yields a FlagWait wherever it must wait for the other ranks."""
+        yields a FlagWait wherever it must wait for the other ranks. `average`: divide the sum
+        by N (op="avg"), each rank only the part it reduced, while that part is in cache."""
         self.calls += 1
         k, n, r = self.calls, self.size, self.rank
         slots, result = self.views(k & 1, x.dtype, x.size)  # slots[j] is rank j's
@@ -188,6 +189,8 @@ class SharedWindow:
             op(slots[0], slots[1], out=x)
             for j in range(2, n):
                 op(x, slots[j], out=x)
+            if average:
+                np.divide(x, n, out=x)
             counts.bytes_sent += (n - 1) * x.nbytes     # everyone read my whole slot
             counts.bytes_received += (n - 1) * x.nbytes
             return
@@ -196,6 +199,8 @@ class SharedWindow:
         op(slots[0][a:b], slots[1][a:b], out=mine)
         for j in range(2, n):
             op(mine, slots[j][a:b], out=mine)
+        if average:
+            np.divide(mine, n, out=mine)
         self.raise_flag(REDUCED, k, counts)
         yield self.wait_for(REDUCED, k)
         self.win.Sync()
@@ -206,7 +211,7 @@ class SharedWindow:
         counts.bytes_received += moved
 
 
-def all_reduce_shared_memory(ctx, buf, op):
+def all_reduce_shared_memory(ctx, buf, op, average=False):
     """All-reduce `buf` in place through the group's shared window, piece by piece. Nothing
     runs before the first step is asked for, so a call queued behind another (`after`) grows
     the window only once that one is done."""
@@ -214,7 +219,7 @@ def all_reduce_shared_memory(ctx, buf, op):
     shared.ensure(buf.nbytes)
     step = shared.capacity // buf.itemsize
     for start in range(0, buf.size, step):
-        yield from shared.all_reduce_piece(ctx, buf[start:start + step], op)
+        yield from shared.all_reduce_piece(ctx, buf[start:start + step], op, average)
 
 
 class AfterWork:
