@@ -60,10 +60,11 @@ class SerialTrainer:
         """One optimizer step on this step's batch; returns (loss, accuracy)."""
         x, y = self.task.get_batch(step, self.batch_size)
         logits, loss = self.model(x, y)
-        self.activation_bytes = max(self.activation_bytes, graph_bytes(loss))
-        self.model.zero_grad()
+        if not self.activation_bytes:  # every step builds the same graph: measure it once
+            self.activation_bytes = graph_bytes(loss)
+        self.optimizer.zero_grad()  # the optimizer's list of the parameters: no walk of the modules
         loss.backward()
-        clip_and_step(self.optimizer, self.model.parameters(), self.settings, step)
+        clip_and_step(self.optimizer, self.optimizer.params(), self.settings, step)
         return loss.item(), accuracy(logits.data, y)
 
     def memory(self) -> dict:

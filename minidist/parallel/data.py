@@ -234,21 +234,22 @@ class DataParallelTrainer:
         x, y = self.task.get_batch(step, self.batch_size, self.world.rank, self.world.size)
         k = self.accumulation
         micro_x, micro_y = np.array_split(x, k), np.array_split(y, k)
-        self.model.zero_grad()
+        self.optimizer.zero_grad()
         loss_sum, acc_sum = 0.0, 0.0
         for i in range(k):
             sync = contextlib.nullcontext() if i == k - 1 else self.ddp.no_sync()
             with sync:
                 with self.timeline.span(f"forward {i}", "forward"):
                     logits, loss = self.ddp(micro_x[i], micro_y[i])
-                self.activation_bytes = max(self.activation_bytes, graph_bytes(loss))
+                if not self.activation_bytes:  # every step builds the same graph: measure it once
+                    self.activation_bytes = graph_bytes(loss)
                 with self.timeline.span(f"backward {i}", "backward"):
                     (loss * (1.0 / k)).backward()  # the mean over micro-batches, as one big batch
             loss_sum += loss.item()
             acc_sum += accuracy(logits.data, micro_y[i])
         self.ddp.finish_gradient_synchronization()
         with self.timeline.span("optimizer", "optimizer"):
-            clip_and_step(self.optimizer, self.model.parameters(), self.settings, step)
+            clip_and_step(self.optimizer, self.optimizer.params(), self.settings, step)
         stats = np.array([loss_sum / k, acc_sum / k])
         all_reduce(stats, op="avg", group=self.world)  # every slice has as many tokens: mean of means
         return float(stats[0]), float(stats[1])

@@ -337,7 +337,8 @@ class TensorParallelTrainer:
         """One optimizer step on the global batch; returns (loss, accuracy), same on every rank."""
         x, y = self.task.get_batch(step, self.batch_size)
         logits, loss = self.local_model(x, y)
-        self.activation_bytes = max(self.activation_bytes, graph_bytes(loss))
+        if not self.activation_bytes:  # every step builds the same graph: measure it once
+            self.activation_bytes = graph_bytes(loss)
         self.local_model.zero_grad()
         loss.backward()
         if self.sequence_parallel:  # before clipping: the norm needs the whole gradients

@@ -311,7 +311,8 @@ class ZeroTrainer:
         self._zero_grad()
         forward = self.fsdp if self.stage == 3 else self._model
         logits, loss = forward(x, y)
-        self.activation_bytes = max(self.activation_bytes, graph_bytes(loss))
+        if not self.activation_bytes:  # every step builds the same graph: measure it once
+            self.activation_bytes = graph_bytes(loss)
         loss.backward()
         self._finish_gradients()
         if self.settings.clip:
