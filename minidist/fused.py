@@ -295,9 +295,10 @@ class ScaledDotProductAttention(Function):
     def forward(ctx, q, k, v, causal, dropout_p, rng):
         # scale q (B,H,T,D) rather than the scores (B,H,T,T): half the elements to touch
         scores = (q * (1.0 / math.sqrt(q.shape[-1]))) @ np.swapaxes(k, -1, -2)
-        if causal:  # adding -inf above the diagonal: one pass, where boolean indexing takes several
-            scores += _causal_mask(*scores.shape[-2:], scores.dtype)
-        weights = _softmax_array(scores, -1)
+        if causal:
+            weights = _causal_softmax(scores, _causal_keep(*scores.shape[-2:]))
+        else:
+            weights = _softmax_array(scores, -1)
         mask = None
         if dropout_p > 0.0:
             mask = _dropout_mask(weights.shape, weights.dtype, dropout_p, rng)
@@ -327,12 +328,35 @@ class ScaledDotProductAttention(Function):
 
 
 @functools.lru_cache(maxsize=16)
-def _causal_mask(t_q: int, t_k: int, dtype) -> np.ndarray:
-    """0 where query i may see key j (j <= i, aligned at the end), -inf where it may not."""
-    future = np.triu(np.ones((t_q, t_k), dtype=bool), k=1 + t_k - t_q)
-    mask = np.where(future, -np.inf, 0.0).astype(dtype)
-    mask.flags.writeable = False
-    return mask
+def _causal_keep(t_q: int, t_k: int) -> np.ndarray:
+    """True where query i may see key j (j <= i, with the queries aligned at the end)."""
+    keep = np.tril(np.ones((t_q, t_k), dtype=bool), k=t_k - t_q)
+    keep.flags.writeable = False
+    return keep
+
+
+def _causal_softmax(scores, keep):
+    """Softmax over the last axis of scores (..., T_q, T_k), over the entries `keep` only; the
+    others get weight exactly 0 (as if their scores were -inf).
+
+    Written with NumPy's `where=` instead of adding -inf above the diagonal: the masked max
+    saves the pass that adds the mask, and the masked exp never sees -inf. NumPy's float64 exp
+    leaves its fast vector loop for -inf (and for results that underflow): measured on 262k
+    elements, half of them -inf, 1.24 ms against 0.36 ms with none. Per attention call in
+    float64 3.1 -> 2.2 ms, float32 unchanged, and the same bits as the -inf version.
+    Works through cache-sized blocks of whole (T_q, T_k) matrices, like `_softmax_array`.
+    """
+    weights = np.zeros_like(scores)  # the masked entries stay 0
+    matrices_in, matrices_out = scores.reshape(-1, *keep.shape), weights.reshape(-1, *keep.shape)
+    step = max(1, _BLOCK // keep.size)
+    shifted = np.empty((min(step, len(matrices_in)),) + keep.shape, dtype=scores.dtype)
+    for start in range(0, len(matrices_in), step):
+        s, w = matrices_in[start:start + step], matrices_out[start:start + step]
+        t = shifted[:len(s)]
+        np.subtract(s, np.max(s, axis=-1, where=keep, initial=-np.inf, keepdims=True), out=t)
+        np.exp(t, out=w, where=keep)  # above the diagonal t is garbage and never used
+        w /= w.sum(axis=-1, keepdims=True)
+    return weights
 
 
 def scaled_dot_product_attention(q, k, v, causal=True, dropout_p=0.0, rng=None):

@@ -14,7 +14,8 @@ nothing of models. Read it in this order, one idea per file:
     sim.py          the same algorithms in one process, step by step (for notebooks)
 """
 from minidist.dist.collectives import (CollectiveMismatch, Work, all_gather, all_reduce, all_to_all, barrier,
-                                       broadcast, reduce, reduce_scatter, set_check)
+                                       broadcast, reduce, reduce_scatter, set_check,
+                                       unchecked)
 from minidist.dist.p2p import (CommTimeout, Request, irecv, isend, recv, send, sendrecv, set_wait_policy, wait,
                                wait_policy)
 from minidist.dist.world import World, get_rank, get_world, get_world_size
@@ -24,5 +25,5 @@ __all__ = [
     "send", "recv", "isend", "irecv", "sendrecv", "wait", "Request", "CommTimeout",
     "set_wait_policy", "wait_policy",
     "all_reduce", "reduce", "broadcast", "reduce_scatter", "all_gather", "all_to_all", "barrier",
-    "Work", "CollectiveMismatch", "set_check",
+    "Work", "CollectiveMismatch", "set_check", "unchecked",
 ]

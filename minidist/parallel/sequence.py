@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from minidist.dist import all_gather, all_reduce, collectives, reduce_scatter
+from minidist.dist import all_gather, all_reduce, reduce_scatter, unchecked
 from minidist.dist.world import World
 from minidist.nn import Module
 from minidist.tensor import Function
@@ -49,17 +49,6 @@ def check_sequence_length(length: int, tp: int) -> None:
     if length % tp:
         raise ValueError(f"sequence parallel: sequence length T={length} is not divisible by tp={tp} "
                          "(each rank keeps an equal share of the tokens)")
-
-
-class _Unchecked:
-    """Skip the per-call consistency check (one extra message per call): every rank runs the same
-    model on the same shapes, checked once when the model is built (see `all_reduce_unchecked`)."""
-
-    def __enter__(self):
-        self.previous = collectives.set_check(False)
-
-    def __exit__(self, *exc):
-        collectives.set_check(self.previous)
 
 
 def _sequence_first(x: np.ndarray) -> np.ndarray:
@@ -79,7 +68,7 @@ def _gather_along_sequence(x: np.ndarray, group: World) -> np.ndarray:
     if t == 1:
         return x
     flat = np.empty(x.size * t, dtype=x.dtype)
-    with _Unchecked():
+    with unchecked():
         all_gather(_sequence_first(x), group=group, out=flat)
     full = flat.reshape(x.shape[1] * t, x.shape[0], *x.shape[2:])
     return np.moveaxis(full, 0, 1)
@@ -90,7 +79,7 @@ def _reduce_scatter_along_sequence(x: np.ndarray, group: World) -> np.ndarray:
     check_sequence_length(x.shape[1], group.size)
     if group.size == 1:
         return x
-    with _Unchecked():
+    with unchecked():
         mine = reduce_scatter(_sequence_first(x), group=group)
     local = mine.reshape(x.shape[1] // group.size, x.shape[0], *x.shape[2:])
     return np.moveaxis(local, 0, 1)
@@ -218,7 +207,7 @@ def allreduce_sequence_parallel_grads(model: Module, group: World) -> int:
     if group.size == 1 or not params:
         return 0
     flat = np.concatenate([p.grad.ravel() for p in params])
-    with _Unchecked():
+    with unchecked():
         all_reduce(flat, group=group)
     offset = 0
     for p in params:

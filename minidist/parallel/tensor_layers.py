@@ -47,7 +47,7 @@ import contextlib
 import numpy as np
 
 from minidist import functional as F
-from minidist.dist import all_gather, all_reduce, collectives
+from minidist.dist import all_gather, all_reduce, unchecked
 from minidist.dist.world import World, resolve
 from minidist.nn import Module, Parameter
 from minidist.parallel.sequence import gather_from_sequence_parallel_region, reduce_scatter_to_sequence_parallel_region
@@ -75,22 +75,16 @@ def all_reduce_unchecked(array: np.ndarray, group: World, op: str = "sum") -> np
     """All-reduce in place. Every rank runs the same model on the same shapes (checked once,
     when the model is built), so the per-call consistency check is skipped: it would double
     the number of messages of these small, latency-bound all-reduces."""
-    previous = collectives.set_check(False)
-    try:
+    with unchecked():
         return all_reduce(array, op=op, group=group, algorithm=_ALGORITHM[0])
-    finally:
-        collectives.set_check(previous)
 
 
 def _gather_last_dim(x: np.ndarray, group: World) -> np.ndarray:
     """Concatenate every rank's x along the last axis (all_gather concatenates flat arrays)."""
     t = group.size
     flat = np.empty(x.size * t, dtype=x.dtype)
-    previous = collectives.set_check(False)
-    try:
+    with unchecked():
         all_gather(np.ascontiguousarray(x), group=group, out=flat)
-    finally:
-        collectives.set_check(previous)
     return np.concatenate(np.split(flat.reshape(t, *x.shape), t, axis=0), axis=-1)[0]
 
 

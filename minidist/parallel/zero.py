@@ -36,13 +36,12 @@ the parameters twice (forward and backward): about 1.5x.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 
 import numpy as np
 
 from minidist.data import accuracy
-from minidist.dist import all_gather, all_reduce, collectives, reduce_scatter
+from minidist.dist import all_gather, all_reduce, collectives, reduce_scatter, unchecked
 from minidist.dist.world import World, resolve
 from minidist.model import GPT, GPTConfig
 from minidist.optim import adamw_update
@@ -129,16 +128,6 @@ class LiveBytes:
 
     def sub(self, nbytes: int) -> None:
         self.now -= int(nbytes)
-
-
-@contextlib.contextmanager
-def unchecked():
-    """Skip the collectives' consistency check: every rank built the same units (checked once)."""
-    previous = collectives.set_check(False)
-    try:
-        yield
-    finally:
-        collectives.set_check(previous)
 
 
 # ----------------------------------------------------------------------------- the optimizer

@@ -27,8 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minidist.dist import all_gather, barrier
-from minidist.parallel.zero import unchecked
+from minidist.dist import all_gather, barrier, unchecked
 
 FORMAT = "minidist-zero-v1"
 
