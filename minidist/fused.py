@@ -172,8 +172,8 @@ class GELU(Function):
     @staticmethod
     def backward(ctx, g):
         x, t = ctx.saved
-        d, scratch = np.empty_like(x), np.empty_like(x)
-        _blockwise(_gelu_backward, x, t, np.ascontiguousarray(g), d, scratch)
+        d = np.empty_like(x)
+        _blockwise(_gelu_backward, x, t, np.ascontiguousarray(g), d, scratch=1)
         return (d,)
 
 
@@ -205,11 +205,29 @@ def _gelu_backward(x, t, g, d, s):
 _BLOCK = 1 << 16  # elements per block: 256-512 KB per array, a few arrays fit in L2/L3
 
 
-def _blockwise(fn, *arrays):
-    """Apply an elementwise `fn(*blocks)` block by block over C-contiguous arrays of one size."""
+def _blockwise(fn, *arrays, scratch=0):
+    """Apply an elementwise `fn(*blocks, *scratch_blocks)` block by block over C-contiguous
+    arrays of one size. `scratch` extra blocks for intermediate terms are allocated once, one
+    block long: a full-size scratch array would be written out to memory for nothing (measured
+    in the model, where memory is the bottleneck: GELU, forward and backward, 38.7 -> 37.0 ms
+    per step in float64, 14.1 -> 13.7 ms in float32)."""
     flat = [a.reshape(-1) for a in arrays]
-    for start in range(0, flat[0].size, _BLOCK):
-        fn(*(a[start:start + _BLOCK] for a in flat))
+    size = flat[0].size
+    spare = [np.empty(min(_BLOCK, size), dtype=flat[0].dtype) for _ in range(scratch)]
+    for start in range(0, size, _BLOCK):
+        blocks = [a[start:start + _BLOCK] for a in flat]
+        fn(*blocks, *(s[:blocks[0].size] for s in spare))
+
+
+def _blocks(*arrays, whole=1):
+    """Yield blocks of C-contiguous arrays that share their leading axes: views of about _BLOCK
+    elements each, cut along the leading axes, keeping the last `whole` axes whole (rows for a
+    softmax, (T, T) matrices for attention). For chains of passes that should hit the cache."""
+    tails = [a.shape[a.ndim - whole:] for a in arrays]
+    flat = [a.reshape(-1, *tail) for a, tail in zip(arrays, tails)]
+    per_block = max(1, _BLOCK // max(1, math.prod(tails[0])))
+    for start in range(0, len(flat[0]), per_block):
+        yield [a[start:start + per_block] for a in flat]
 
 
 def gelu(x):
@@ -225,18 +243,12 @@ def _softmax_array(x, axis):
         np.exp(y, out=y)
         y /= y.sum(axis=axis, keepdims=True)
         return y
-    y = np.empty_like(x)  # over the last axis: rows in cache-sized blocks (see _blockwise)
-    rows_in, rows_out = x.reshape(-1, x.shape[-1]), y.reshape(-1, x.shape[-1])
-    step = max(1, _BLOCK // max(1, x.shape[-1]))
-    for start in range(0, rows_in.shape[0], step):
-        _softmax_rows(rows_in[start:start + step], rows_out[start:start + step])
+    y = np.empty_like(x)  # over the last axis: rows in cache-sized blocks
+    for rows_in, rows_out in _blocks(x, y):
+        np.subtract(rows_in, rows_in.max(axis=-1, keepdims=True), out=rows_out)  # no overflow in exp
+        np.exp(rows_out, out=rows_out)
+        rows_out /= rows_out.sum(axis=-1, keepdims=True)
     return y
-
-
-def _softmax_rows(x, y):
-    np.subtract(x, x.max(axis=-1, keepdims=True), out=y)  # the max keeps exp from overflowing
-    np.exp(y, out=y)
-    y /= y.sum(axis=-1, keepdims=True)
 
 
 class Softmax(Function):
@@ -344,14 +356,13 @@ def _causal_softmax(scores, keep):
     leaves its fast vector loop for -inf (and for results that underflow): measured on 262k
     elements, half of them -inf, 1.24 ms against 0.36 ms with none. Per attention call in
     float64 3.1 -> 2.2 ms, float32 unchanged, and the same bits as the -inf version.
-    Works through cache-sized blocks of whole (T_q, T_k) matrices, like `_softmax_array`.
+    Works through cache-sized blocks of whole (T_q, T_k) matrices (`_blocks`).
     """
     weights = np.zeros_like(scores)  # the masked entries stay 0
-    matrices_in, matrices_out = scores.reshape(-1, *keep.shape), weights.reshape(-1, *keep.shape)
-    step = max(1, _BLOCK // keep.size)
-    shifted = np.empty((min(step, len(matrices_in)),) + keep.shape, dtype=scores.dtype)
-    for start in range(0, len(matrices_in), step):
-        s, w = matrices_in[start:start + step], matrices_out[start:start + step]
+    shifted = None
+    for s, w in _blocks(scores, weights, whole=2):
+        if shifted is None:
+            shifted = np.empty_like(s)  # one block of scratch
         t = shifted[:len(s)]
         np.subtract(s, np.max(s, axis=-1, where=keep, initial=-np.inf, keepdims=True), out=t)
         np.exp(t, out=w, where=keep)  # above the diagonal t is garbage and never used
