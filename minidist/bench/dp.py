@@ -12,7 +12,7 @@ How it runs: launch it as ONE ordinary process (not under mpirun). For each N it
 of N real MPI ranks with `minidist.dist.launch.run` (mpiexec from the virtualenv). Inside the
 job every variant gets its own trainer, and the variants take turns step by step:
 
-    serial (rank 0 trains on all B rows; the other ranks wait politely, near 0% CPU)
+    serial (rank 0 trains on all B rows; the other ranks wait asleep, near 0% CPU)
     naive, bucketed (DataParallelTrainer on B/N rows per rank)
     ceiling (N independent serial trainers on B/N rows each, never talking)
 
@@ -70,9 +70,16 @@ def rank_program(modes: list[str], steps: int, warmup: int, batch: int, bucket_k
                 trainers[mode] = DataParallelTrainer(config, settings, task, batch, seed=0, group=world,
                                                      overlap=(mode == "bucketed"), bucket_cap_bytes=bucket_kb * 1024)
         out = {m: {"times": [], "bytes_sent": 0, "messages": 0, "comm_s": 0.0} for m in modes}
+        idle_policy = dict(spin=0.001)  # sleep soon: the serial run's core is not disturbed
+        idle = False
         for s in range(warmup + steps):
             for mode, trainer in trainers.items():
+                if idle:  # this rank had no work last turn: it waits here for the serial run
+                    previous = dist.set_wait_policy(**idle_policy)
                 dist.barrier()  # everyone starts the step together (not timed, not counted)
+                if idle:
+                    dist.set_wait_policy(**previous)
+                idle = trainer is None
                 before = traffic.snapshot()["total"]
                 start = time.perf_counter()
                 if trainer is not None:
