@@ -195,6 +195,9 @@ class Tensor:
             raise TypeError(f"only float tensors can require grad, got {self.data.dtype}")
         self.requires_grad = requires_grad
         self.grad: np.ndarray | None = None
+        # where backward puts a fresh gradient (None: a new array). Data parallelism points it
+        # into a bucket, so the gradient is born where the all-reduce reads it (no copy).
+        self.grad_buffer: np.ndarray | None = None
         self._fn = None  # the Function that made this tensor (None for a leaf)
         self._ctx: Context | None = None
         self._inputs: tuple = ()
@@ -364,7 +367,10 @@ def _accumulate(grads: dict, tensor: Tensor, g: np.ndarray) -> None:
 def _deliver(leaf: Tensor, g: np.ndarray | None) -> None:
     if g is None:
         return
-    if leaf.grad is None:
+    if leaf.grad is None and leaf.grad_buffer is not None:
+        np.copyto(leaf.grad_buffer, g)
+        leaf.grad = leaf.grad_buffer
+    elif leaf.grad is None:
         leaf.grad = np.array(g, dtype=leaf.dtype, copy=True)
     else:
         leaf.grad += g

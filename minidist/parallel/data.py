@@ -46,12 +46,10 @@ class Bucket:
         sizes = [p.size for p in params]
         self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
         self.buffer = np.zeros(int(self.offsets[-1]), dtype=dtype)
+        # parameter i's slot in the buffer, shaped like the parameter
+        self.views = [self.buffer[a:b].reshape(p.shape) for p, a, b in zip(params, self.offsets, self.offsets[1:])]
         self.ready = 0
         self.work = None
-
-    def view(self, i: int) -> np.ndarray:
-        """Parameter i's slot in the buffer, shaped like the parameter."""
-        return self.buffer[self.offsets[i]:self.offsets[i + 1]].reshape(self.params[i].shape)
 
 
 def make_buckets(params: list, cap_bytes: int) -> list[Bucket]:
@@ -88,11 +86,15 @@ class DistributedDataParallel:
         self.require_sync = True
         self.params = module.parameters()
         self._broadcast_parameters()
-        self.buckets = make_buckets(self.params, bucket_cap_bytes)
+        self.buckets = make_buckets(self.params, bucket_cap_bytes) if overlap else []  # naive: none
         self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
         self._check_same_buckets()
         for p in self.params:
             p.register_post_accumulate_grad_hook(self._grad_ready)
+        if overlap:  # backward writes each gradient straight into its bucket (PyTorch's
+            for b in self.buckets:  # gradient_as_bucket_view): no copy before the all-reduce
+                for p, view in zip(b.params, b.views):
+                    p.grad_buffer = view
 
     # -- the model's face
     def __call__(self, *args, **kwargs):
@@ -153,11 +155,10 @@ class DistributedDataParallel:
         self._progress()
 
     def _launch(self, bucket: Bucket) -> None:
-        for i, p in enumerate(bucket.params):
-            slot = bucket.view(i)
+        for p, slot in zip(bucket.params, bucket.views):
             if p.grad is None:
                 slot[...] = 0.0  # unused in this step: contributes nothing
-            else:
+            elif p.grad is not slot:  # e.g. after someone replaced .grad: copy it in
                 slot[...] = p.grad
         bucket.started, bucket.finished = time.perf_counter(), None
         bucket.work = self._all_reduce(bucket.buffer, async_op=True)
@@ -191,8 +192,8 @@ class DistributedDataParallel:
         for bucket in self.buckets:
             bucket.work.wait()
             self._record(f"bucket {bucket.index}", bucket.started, bucket.finished)
-            for i, p in enumerate(bucket.params):
-                p.grad = bucket.view(i)  # the averaged gradient, read in place
+            for p, view in zip(bucket.params, bucket.views):
+                p.grad = view  # the averaged gradient, read in place
             bucket.work, bucket.ready = None, 0
 
     def _record(self, name: str, start, end=None) -> None:
@@ -254,10 +255,10 @@ class DataParallelTrainer:
 
     def memory(self) -> dict:
         ledger = memory.ledger(self.model, self.optimizer, self.activation_bytes)
-        # the flat buckets hold the averaged gradients (p.grad are views into them); during
-        # backward they exist beside the freshly computed gradients, so they add to the peak
-        ledger["buckets"] = sum(b.buffer.nbytes for b in self.ddp.buckets)
-        ledger["peak"] += ledger["buckets"]
+        # bytes of DDP's buckets beyond the gradients: none. Backward writes every gradient
+        # into its bucket (Tensor.grad_buffer), so `grads` already counts the buckets' bytes
+        # (and the naive version has no buckets)
+        ledger["buckets"] = 0
         return ledger
 
     def num_parameters(self) -> int:
