@@ -45,6 +45,8 @@ def dp_rank_program(variants):
             losses = [trainer.step(s)[0] for s in range(STEPS)]
             kinds = traffic.snapshot()
             grad_bytes = sum(p.data.nbytes for p in trainer.model.parameters())
+            in_buckets = all(any(np.shares_memory(p.grad, b.buffer) for b in trainer.ddp.buckets)
+                             for p in trainer.model.parameters())
             backward = [(e[2], e[3]) for e in trainer.timeline.events if e[1] == "backward"]
             overlapped = [any(start <= e[2] < end for start, end in backward)
                           for e in trainer.timeline.events if e[1] == "comm"]
@@ -55,6 +57,8 @@ def dp_rank_program(variants):
                 "all_reduce_bytes_per_step": sum(v["bytes_sent"] for k, v in kinds.items()
                                                  if k.startswith("all_reduce.") and k != "total") / STEPS,
                 "any_comm_before_backward_ended": any(overlapped),
+                "grads_live_in_buckets": in_buckets,
+                "memory": trainer.memory(),
             }
     return out
 
@@ -114,6 +118,18 @@ def test_traffic_is_one_ring_all_reduce_of_the_gradient(parallel):
         sent = got["all_reduce_bytes_per_step"]
         # plus the 16-byte all-reduce of (loss, accuracy) per step (a few messages of 16 bytes)
         assert 0 <= sent - expected <= 16 * 2 * n, (n, sent, expected)
+
+
+def test_bucketed_gradients_live_in_the_buckets(parallel):
+    """Backward writes each gradient into its bucket (no copy, no second gradient-sized array),
+    so the memory ledger counts the buckets once, as the gradients."""
+    _, results = parallel
+    for result in results:
+        for variant, got in result.items():
+            assert got["grads_live_in_buckets"] == (variant != "naive"), variant
+            ledger = got["memory"]
+            assert ledger["buckets"] == 0 and ledger["grads"] == got["grad_bytes"], (variant, ledger)
+            assert ledger["peak"] == ledger["params"] + ledger["grads"] + ledger["optimizer"] + ledger["activations"]
 
 
 def test_bucketed_all_reduce_starts_during_backward(parallel):

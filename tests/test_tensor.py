@@ -160,6 +160,20 @@ def test_leaf_grad_is_a_private_copy():
     np.testing.assert_array_equal(y.grad, [2.0, 2.0])
 
 
+def test_grad_buffer_receives_the_gradient_and_accumulates_in_place():
+    x = Tensor(np.array([1.0, 2.0, 3.0]), requires_grad=True)
+    storage = np.full(5, -7.0)
+    x.grad_buffer = storage[1:4]  # a slot in a bigger array, as a DDP bucket
+    (x * x).sum().backward()
+    assert x.grad is x.grad_buffer
+    np.testing.assert_array_equal(storage, [-7.0, 2.0, 4.0, 6.0, -7.0])  # written, not added to
+    (x * 3.0).sum().backward()
+    np.testing.assert_array_equal(storage, [-7.0, 5.0, 7.0, 9.0, -7.0])  # accumulated in place
+    x.grad = None  # zero_grad: the next backward writes afresh
+    (x * 1.0).sum().backward()
+    np.testing.assert_array_equal(storage, [-7.0, 1.0, 1.0, 1.0, -7.0])
+
+
 def test_backward_on_a_leaf_and_with_explicit_gradient():
     x = Tensor(np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]), requires_grad=True)
     y = x * 2.0
