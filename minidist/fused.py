@@ -449,7 +449,7 @@ class CrossEntropy(Function):
     @staticmethod
     def backward(ctx, g):
         (probs,) = ctx.saved
-        grad = probs.copy()
+        grad = probs  # in place: the graph, and with it probs, is freed after backward
         grad[ctx.rows, ctx.ids] -= 1.0
         grad *= (ctx.counted * (float(g) / ctx.count)).astype(grad.dtype)[:, None]
         return grad.reshape(ctx.shape), None, None
