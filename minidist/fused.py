@@ -357,26 +357,27 @@ def _causal_keep(t_q: int, t_k: int) -> np.ndarray:
 
 
 def _causal_softmax(scores, keep):
-    """Softmax over the last axis of scores (..., T_q, T_k), over the entries `keep` only; the
-    others get weight exactly 0 (as if their scores were -inf).
+    """Softmax over the last axis of scores (..., T_q, T_k), in place, over the entries `keep`
+    only; the others get weight exactly 0 (as if their scores were -inf).
 
     Written with NumPy's `where=` instead of adding -inf above the diagonal: the masked max
     saves the pass that adds the mask, and the masked exp never sees -inf. NumPy's float64 exp
     leaves its fast vector loop for -inf (and for results that underflow): measured on 262k
     elements, half of them -inf, 1.24 ms against 0.36 ms with none. Per attention call in
     float64 3.1 -> 2.2 ms, float32 unchanged, and the same bits as the -inf version.
-    Works through cache-sized blocks of whole (T_q, T_k) matrices (`_blocks`).
+    Works through cache-sized blocks of whole (T_q, T_k) matrices (`_blocks`), and writes the
+    weights over the scores (a fresh array costs more than a pass over memory just used).
     """
-    weights = np.zeros_like(scores)  # the masked entries stay 0
     shifted = None
-    for s, w in _blocks(scores, weights, whole=2):
+    for s, in _blocks(scores, whole=2):
         if shifted is None:
             shifted = np.empty_like(s)  # one block of scratch
         t = shifted[:len(s)]
         np.subtract(s, np.max(s, axis=-1, where=keep, initial=-np.inf, keepdims=True), out=t)
-        np.exp(t, out=w, where=keep)  # above the diagonal t is garbage and never used
-        w /= w.sum(axis=-1, keepdims=True)
-    return weights
+        s.fill(0.0)                   # the weight of a masked entry
+        np.exp(t, out=s, where=keep)  # above the diagonal t is garbage and never used
+        s /= s.sum(axis=-1, keepdims=True)
+    return scores
 
 
 def scaled_dot_product_attention(q, k, v, causal=True, dropout_p=0.0, rng=None):
