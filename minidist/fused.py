@@ -181,9 +181,10 @@ class GELU(Function):
     @staticmethod
     def backward(ctx, g):
         x, t = ctx.saved
-        d = np.empty_like(x)
-        _blockwise(_gelu_backward, x, t, np.ascontiguousarray(g), d, scratch=1)
-        return (d,)
+        # the gradient overwrites t, block by block (t is ours, and the graph is freed after
+        # backward): cheaper than writing a fresh array
+        _blockwise(_gelu_backward, x, t, np.ascontiguousarray(g), scratch=2)
+        return (t,)
 
 
 def _gelu_forward(x, y, t):
@@ -198,6 +199,7 @@ def _gelu_forward(x, y, t):
 
 
 def _gelu_backward(x, t, g, d, s):
+    """t becomes the gradient g * dGELU/dx (d and s are scratch)."""
     np.multiply(t, t, out=d)
     np.subtract(1.0, d, out=d)                  # 1 - t^2
     np.multiply(x, x, out=s)
@@ -205,10 +207,10 @@ def _gelu_backward(x, t, g, d, s):
     s += 0.5 * _GELU_C                          # 0.5 c (1 + 3 * 0.044715 x^2)
     d *= s
     d *= x                                      # 0.5 x (1 - t^2) du/dx
-    np.multiply(t, 0.5, out=s)
-    d += s
-    d += 0.5                                    # + 0.5 (1 + t)
-    d *= g
+    t *= 0.5
+    t += d
+    t += 0.5                                    # + 0.5 (1 + t)
+    t *= g
 
 
 _BLOCK = 1 << 16  # elements per block: 256-512 KB per array, a few arrays fit in L2/L3
