@@ -316,11 +316,12 @@ class ScaledDotProductAttention(Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal, dropout_p, rng):
-        # scale q (B,H,T,D) rather than the scores (B,H,T,T): half the elements to touch
-        scores = (q * (1.0 / math.sqrt(q.shape[-1]))) @ np.swapaxes(k, -1, -2)
-        if causal:
-            weights = _causal_softmax(scores, _causal_keep(*scores.shape[-2:]))
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        scores = q @ np.swapaxes(k, -1, -2)
+        if causal:  # the scale is applied inside, on blocks in the cache
+            weights = _causal_softmax(scores, _causal_keep(*scores.shape[-2:]), scale)
         else:
+            scores *= scale
             weights = _softmax_array(scores, -1)
         mask = None
         if dropout_p > 0.0:
@@ -358,9 +359,10 @@ def _causal_keep(t_q: int, t_k: int) -> np.ndarray:
     return keep
 
 
-def _causal_softmax(scores, keep):
-    """Softmax over the last axis of scores (..., T_q, T_k), in place, over the entries `keep`
-    only; the others get weight exactly 0 (as if their scores were -inf).
+def _causal_softmax(scores, keep, scale=1.0):
+    """Softmax over the last axis of scale * scores (..., T_q, T_k), in place, over the entries
+    `keep` only; the others get weight exactly 0 (as if their scores were -inf). (The scale, a
+    positive number, is applied after the max is subtracted: max(scale * s) = scale * max(s).)
 
     Written with NumPy's `where=` instead of adding -inf above the diagonal: the masked max
     saves the pass that adds the mask, and the masked exp never sees -inf. NumPy's float64 exp
@@ -376,6 +378,8 @@ def _causal_softmax(scores, keep):
             shifted = np.empty_like(s)  # one block of scratch
         t = shifted[:len(s)]
         np.subtract(s, np.max(s, axis=-1, where=keep, initial=-np.inf, keepdims=True), out=t)
+        if scale != 1.0:
+            t *= scale
         s.fill(0.0)                   # the weight of a masked entry
         np.exp(t, out=s, where=keep)  # above the diagonal t is garbage and never used
         s /= s.sum(axis=-1, keepdims=True)
