@@ -64,7 +64,8 @@ def _default_spin() -> float:
     its busy neighbour needs, so it should go to sleep soon. MPICH's mpiexec tells each rank
     how many ranks share its machine (MPI_LOCALNRANKS)."""
     local_ranks = int(os.environ.get("MPI_LOCALNRANKS", "0"))
-    has_own_core = 0 < local_ranks <= len(os.sched_getaffinity(0))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    has_own_core = 0 < local_ranks <= cores
     return 0.05 if has_own_core else 0.001
 
 
