@@ -6,6 +6,13 @@ Megatron-LM's kernels, each operation here computes its forward in a few NumPy c
 backward from a derivation written once by hand, saving only what that derivation needs. Every
 one is checked against finite differences in tests/test_functional.py.
 
+Memory traffic decides their speed more than arithmetic does. Writing into a fresh array costs
+about twice a pass over memory just used (the CPU reads each new cache line before writing it),
+so where it is safe the operations write over arrays they own: the softmax over its scores, and
+backward over what its own forward saved (the engine runs backward once per graph and then frees
+it: LayerNorm, GELU and CrossEntropy do this). Chains of elementwise passes run block by block in
+the CPU cache (`_blockwise`, `_blocks`).
+
 Shapes follow PyTorch: `linear` weights are (out_features, in_features); attention takes
 (batch, heads, time, head_dim); `cross_entropy` takes logits (..., vocab) and integer targets.
 """
