@@ -4,6 +4,7 @@ One launch per world size runs every variant (naive, bucketed with tiny/medium/w
 buckets, gradient accumulation) for a few float64 steps; the serial reference runs here, in
 the test process, on the same global batches.
 """
+import json
 import subprocess
 import sys
 
@@ -156,3 +157,19 @@ def test_layout_not_matching_world_fails_with_one_line():
     assert proc.returncode != 0
     assert "layout dp=3 needs 3 ranks, but this job has 4" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_bench_dp_json_has_speedups_and_the_share_of_the_ceiling(tmp_path):
+    """`python -m minidist.bench dp` (one short job): its JSON keeps its keys, and each dp row
+    says what share of its ceiling it reached (a ratio of times, so between 0 and ~1.5)."""
+    from minidist.bench import dp as bench_dp
+
+    path = tmp_path / "dp.json"
+    assert bench_dp.main(["--dp", "2", "--repeats", "1", "--steps", "2", "--warmup", "1", "--json", str(path)]) == 0
+    records = {r["mode"]: r for r in json.loads(path.read_text())}
+    assert set(records) == {"serial", "naive", "bucketed", "ceiling"}
+    for mode in ("naive", "bucketed"):
+        r = records[mode]
+        assert r["speedup_vs_serial"] > 0 and r["bytes_sent_per_rank_per_step"] == pytest.approx(
+            r["ring_formula_bytes"], rel=0.01)
+        assert 0.2 < r["of_ceiling"] < 1.5 and r["of_ceiling_range"][0] <= r["of_ceiling"] <= r["of_ceiling_range"][1]

@@ -161,6 +161,12 @@ def main(argv=None) -> int:
     for n in args.dp:
         for mode in job_modes(n, args)[1:]:
             records.append(record(n, mode, [job[mode] for job in jobs[n]], [job["serial"] for job in jobs[n]], args))
+            if mode in ("naive", "bucketed") and "ceiling" in jobs[n][0]:
+                # the efficiency of the gradient averaging alone: what this machine's cores allowed
+                # (the ceiling) over what dp reached, job by job
+                ratios = [job["ceiling"]["seconds"] / job[mode]["seconds"] for job in jobs[n]]
+                records[-1]["of_ceiling"] = float(np.median(ratios))
+                records[-1]["of_ceiling_range"] = [min(ratios), max(ratios)]
     print_table(records)
     if args.json:
         with open(args.json, "w") as f:
@@ -201,10 +207,12 @@ def print_table(records) -> None:
         print(f"{name:16s} {r['seconds'] * 1e3:8.1f} {r['tokens_per_s']:9.0f} {lo:6.0f}-{hi:<6.0f} "
               f"{r['speedup_vs_serial']:8.2f} {slo:5.2f}-{shi:<5.2f} {r['exposed_comm_seconds'] * 1e3:10.1f} "
               f"{r['bytes_sent_per_rank_per_step'] / 1e6:11.3f} MB {r['ring_formula_bytes'] / 1e6:12.3f} MB "
-              f"{r['messages_per_rank_per_step']:5.0f}")
+              f"{r['messages_per_rank_per_step']:5.0f}"
+              + (f"   {r['of_ceiling']:.0%} of ceiling" if "of_ceiling" in r else ""))
     print("x serial: median over jobs of (that job's serial step / this step); range: min-max over jobs.\n"
           "exposed: from the end of backward to the optimizer (communication not hidden behind backward).\n"
-          "ceiling: N independent serial trainers on B/N rows each, no communication: the best dp=N can do here.")
+          "ceiling: N independent serial trainers on B/N rows each, no communication: the best dp=N can do here;\n"
+          "% of ceiling: median over jobs of (that job's ceiling step / this step).")
 
 
 if __name__ == "__main__":
