@@ -52,12 +52,22 @@ def _rng(seed: int, step: int, stream: int = 0) -> np.random.Generator:
     return np.random.default_rng([seed, step, stream])
 
 
-def shard_rows(batch_size: int, rank: int, world_size: int) -> slice:
-    """The contiguous rows [rank*B/W, (rank+1)*B/W) of a global batch of B rows that a rank owns."""
+def shard_rows(batch_size: int, rank: int, world_size: int, counts: list[int] | None = None) -> slice:
+    """The contiguous rows of a global batch of B rows that a rank owns.
+
+    By default [rank*B/W, (rank+1)*B/W): every rank the same number of rows. `counts` (rows per
+    rank, summing to B) gives an uneven split instead, as a straggler-balancing trainer uses
+    (chapter 3, section 7): rank r owns rows [sum(counts[:r]), sum(counts[:r+1]))."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is outside 0..{world_size - 1} (world_size {world_size})")
+    if counts is not None:
+        if len(counts) != world_size or sum(counts) != batch_size or min(counts) < 1:
+            raise ValueError(f"rows per rank {list(counts)} must be {world_size} positive counts summing to "
+                             f"the global batch {batch_size}")
+        start = sum(counts[:rank])
+        return slice(start, start + counts[rank])
     if batch_size < 1 or batch_size % world_size:
         raise ValueError(f"global batch {batch_size} is not divisible by world size {world_size}: "
                          f"each rank must get the same number of rows (try {max(world_size, batch_size - batch_size % world_size)})")
@@ -138,9 +148,10 @@ class SortTask:
         y[mask] = IGNORE_INDEX
         return x, y
 
-    def get_batch(self, step: int, batch_size: int, rank: int = 0, world_size: int = 1):
-        """(x, y), int64 arrays of shape (batch_size // world_size, block_size): this rank's rows."""
-        rows = shard_rows(batch_size, rank, world_size)
+    def get_batch(self, step: int, batch_size: int, rank: int = 0, world_size: int = 1, counts=None):
+        """(x, y), int64 arrays of shape (batch_size // world_size, block_size): this rank's rows
+        (`counts`: rows per rank, for an uneven split; see `shard_rows`)."""
+        rows = shard_rows(batch_size, rank, world_size, counts)
         digits = self._problems(_rng(self.seed, step), batch_size)  # the whole global batch...
         return self._rows(digits[rows])                             # ...and this rank's slice
 
@@ -176,9 +187,10 @@ class TextData:
         self.path, self.block_size, self.seed = path, block_size, seed
         self.answer_length = sample_length
 
-    def get_batch(self, step: int, batch_size: int, rank: int = 0, world_size: int = 1):
-        """(x, y), int64 arrays of shape (batch_size // world_size, block_size): this rank's rows."""
-        rows = shard_rows(batch_size, rank, world_size)
+    def get_batch(self, step: int, batch_size: int, rank: int = 0, world_size: int = 1, counts=None):
+        """(x, y), int64 arrays of shape (batch_size // world_size, block_size): this rank's rows
+        (`counts`: rows per rank, for an uneven split; see `shard_rows`)."""
+        rows = shard_rows(batch_size, rank, world_size, counts)
         starts = _rng(self.seed, step).integers(0, len(self.data) - self.block_size, size=batch_size)[rows]
         windows = self.data[starts[:, None] + np.arange(self.block_size + 1)].astype(np.int64)
         return windows[:, :-1], windows[:, 1:]

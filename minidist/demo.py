@@ -3,7 +3,7 @@
     python -m minidist.demo                           # serial, on the built-in sorting task
     python -m minidist.demo --data input.txt          # byte-level language model of any file
     mpirun -n 4 python -m minidist.demo               # the tour: every strategy vs serial
-    mpirun -n 4 python -m minidist.demo --dp 4        # one strategy: --dp N [--zero S],
+    mpirun -n 4 python -m minidist.demo --dp 4        # one strategy: --dp N [--zero S | --balance],
                                                       # --tp N, --pp N --microbatches M
                                                       # [--schedule interleaved --virtual-stages V]
 
@@ -15,7 +15,7 @@ every step), accuracies, tokens_per_s (median over steps after the first), step_
 parameters, memory (one entry per rank: bytes of params, grads, optimizer, activations, peak),
 comm (one entry per rank: bytes_sent, bytes_received, messages, ...); for pipelines
 `pipeline` (schedule, microbatches, virtual_stages, bubble_measured, bubble_theory,
-peak_activations); for the
+peak_activations); with --balance `rows_per_rank` (the split of every step); for the
 tour `tour` (one row per strategy).
 
 Under `mpirun -n N` with no layout flags the demo runs the tour: the serial reference on rank 0
@@ -78,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--accumulation", type=int, default=1, help="gradient-accumulation micro-steps per optimizer step")
     p.add_argument("--bucket-kb", type=int, default=1024, help="data-parallel gradient bucket size (KiB)")
     p.add_argument("--naive-dp", action="store_true", help="one blocking all-reduce per parameter after backward")
+    p.add_argument("--balance", action="store_true",
+                   help="data parallelism: re-split the batch every step by each rank's speed (chapter 3, section 7)")
     p.add_argument("--json", metavar="PATH", help="write the run's measurements as JSON (rank 0)")
     p.add_argument("--save", metavar="PATH.npz", help="write the final weights, keyed by parameter name")
     return p
@@ -100,10 +102,11 @@ def check_args(args, world_size: int):
 def train(args, trainer, task, show: bool) -> dict:
     """The loop every strategy shares: steps, progress bar, log lines with a sample."""
     log_every = args.log_every or max(1, args.steps // 10)
-    losses, accuracies, seconds = [], [], []
+    losses, accuracies, seconds, splits = [], [], [], []
     bar = tqdm(total=args.steps, disable=not show, desc=trainer.name, unit="step", dynamic_ncols=True)
     for step in range(args.steps):
         start = time.perf_counter()
+        splits.append(list(getattr(trainer, "rows", [])))  # rows per rank (data parallelism)
         loss, acc = trainer.step(step)
         seconds.append(time.perf_counter() - start)
         losses.append(loss)
@@ -114,8 +117,11 @@ def train(args, trainer, task, show: bool) -> dict:
             bar.write(f"step {step:4d} | loss {loss:.4f} | acc {acc:.3f} | {sample(trainer, task, step)}")
     bar.close()
     tokens = args.batch_size * args.block_size
-    return {"losses": losses, "accuracies": accuracies, "step_seconds": seconds,
-            "tokens_per_s": tokens / float(np.median(seconds[1:] if len(seconds) > 1 else seconds))}
+    result = {"losses": losses, "accuracies": accuracies, "step_seconds": seconds,
+              "tokens_per_s": tokens / float(np.median(seconds[1:] if len(seconds) > 1 else seconds))}
+    if getattr(trainer, "balancer", None):
+        result["rows_per_rank"] = splits
+    return result
 
 
 def sample(trainer, task, step: int) -> str:

@@ -9,6 +9,7 @@ trainer with the same face: `name`, `step(step) -> (loss, accuracy)`, `memory()`
     serial      (none, one rank)                   1
     dp          --dp N                             3
     dp-naive    --dp N --naive-dp                  3
+    (either)    ... --balance: rows split by speed  3
     mp          --pp N --microbatches 1            4
     pp-gpipe    --pp N --microbatches M --schedule gpipe    5
     pp-1f1b     --pp N --microbatches M --schedule 1f1b     5
@@ -42,6 +43,8 @@ def choose(args, config, world_size: int) -> tuple[str | None, dict]:
         raise ValueError("--zero needs --dp N (ZeRO partitions the data-parallel replicas)")
     if args.accumulation != 1 and ("dp" not in given or args.zero):
         raise ValueError("--accumulation needs --dp without --zero (gradient accumulation is part of data parallelism)")
+    if getattr(args, "balance", False) and ("dp" not in given or args.zero):
+        raise ValueError("--balance needs --dp without --zero (it re-splits the data-parallel batch)")
     if args.sequence_parallel and "tp" not in given:
         raise ValueError("--sequence-parallel needs --tp N (it splits what tensor parallelism replicates)")
     if not given:
@@ -73,7 +76,7 @@ def make_trainer(kind: str, args, config, task, world):
     if kind in ("dp", "dp-naive"):
         return DataParallelTrainer(config, settings, task, args.batch_size, group=world, overlap=kind == "dp",
                                    bucket_cap_bytes=args.bucket_kb * 1024, accumulation=args.accumulation,
-                                   **common)
+                                   balance=getattr(args, "balance", False), **common)
     if kind in ("tp", "tp-sp"):
         return TensorParallelTrainer(config, settings, task, args.batch_size, group=world,
                                      sequence_parallel=kind == "tp-sp", **common)

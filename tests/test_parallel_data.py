@@ -1,8 +1,8 @@
 """Data parallelism reproduces the serial run (chapter 3), under real mpiexec with 2, 3, 4 ranks.
 
 One launch per world size runs every variant (naive, bucketed with tiny/medium/whole-model
-buckets, gradient accumulation) for a few float64 steps; the serial reference runs here, in
-the test process, on the same global batches.
+buckets, gradient accumulation, uneven and speed-balanced splits of the batch) for a few float64
+steps; the serial reference runs here, in the test process, on the same global batches.
 """
 import json
 import subprocess
@@ -20,13 +20,22 @@ from minidist.train import OptimSettings, SerialTrainer
 CONFIG = dict(vocab_size=256, block_size=16, n_layer=2, n_head=2, n_embd=16)
 STEPS, BATCH = 3, 24  # 24 rows split evenly for dp = 2, 3, 4 with 1 or 2 accumulation steps
 SETTINGS = dict(lr=1e-2, steps=STEPS, warmup=1, min_lr=1e-3, clip=1.0)
-VARIANTS = [  # (name, overlap, bucket_cap_bytes, accumulation, all-reduce algorithm)
-    ("naive", False, 1 << 20, 1, "auto"),
-    ("bucket per parameter", True, 1, 1, "auto"),
-    ("medium buckets", True, 4096, 1, "auto"),
-    ("one bucket", True, 1 << 30, 1, "ring"),
-    ("accumulation 2", True, 4096, 2, "auto"),
+VARIANTS = [  # (name, overlap, bucket_cap_bytes, accumulation, all-reduce algorithm, split)
+    ("naive", False, 1 << 20, 1, "auto", "even"),
+    ("bucket per parameter", True, 1, 1, "auto", "even"),
+    ("medium buckets", True, 4096, 1, "auto", "even"),
+    ("one bucket", True, 1 << 30, 1, "ring", "even"),
+    ("accumulation 2", True, 4096, 2, "auto", "even"),
+    ("naive, uneven rows", False, 1 << 20, 1, "auto", "uneven"),
+    ("uneven rows", True, 4096, 1, "auto", "uneven"),
+    ("uneven rows, accumulation 2", True, 4096, 2, "auto", "uneven"),
+    ("balanced", True, 4096, 1, "auto", "balance"),
 ]
+
+
+def uneven_rows(n):
+    """A lopsided split of the 24 rows, every rank at least 2 (for 2 accumulation steps)."""
+    return {2: [15, 9], 3: [11, 3, 10], 4: [2, 9, 5, 8]}[n]
 
 
 def dp_rank_program(variants):
@@ -37,11 +46,13 @@ def dp_rank_program(variants):
     out = {}
     with default_dtype("float64"):
         task = make_task("sort", CONFIG["block_size"], seed=0)
-        for name, overlap, cap, accumulation, algorithm in variants:
+        for name, overlap, cap, accumulation, algorithm, split in variants:
             traffic.reset()
             trainer = DataParallelTrainer(GPTConfig(**CONFIG), OptimSettings(**SETTINGS), task, BATCH, seed=0,
                                           group=world, overlap=overlap, bucket_cap_bytes=cap,
-                                          accumulation=accumulation, algorithm=algorithm)
+                                          accumulation=accumulation, algorithm=algorithm,
+                                          rows=uneven_rows(world.size) if split == "uneven" else None,
+                                          balance=split == "balance")
             traffic.reset()  # count the steps only, not the initial broadcast and checks
             losses = [trainer.step(s)[0] for s in range(STEPS)]
             kinds = traffic.snapshot()
@@ -59,6 +70,7 @@ def dp_rank_program(variants):
                                                  if k.startswith("all_reduce.") and k != "total") / STEPS,
                 "any_comm_before_backward_ended": any(overlapped),
                 "grads_live_in_buckets": in_buckets,
+                "overlap": overlap,
                 "memory": trainer.memory(),
             }
     return out
@@ -127,7 +139,7 @@ def test_bucketed_gradients_live_in_the_buckets(parallel):
     _, results = parallel
     for result in results:
         for variant, got in result.items():
-            assert got["grads_live_in_buckets"] == (variant != "naive"), variant
+            assert got["grads_live_in_buckets"] == got["overlap"], variant
             ledger = got["memory"]
             assert ledger["buckets"] == 0 and ledger["grads"] == got["grad_bytes"], (variant, ledger)
             assert ledger["peak"] == ledger["params"] + ledger["grads"] + ledger["optimizer"] + ledger["activations"]
@@ -167,9 +179,99 @@ def test_bench_dp_json_has_speedups_and_the_share_of_the_ceiling(tmp_path):
     path = tmp_path / "dp.json"
     assert bench_dp.main(["--dp", "2", "--repeats", "1", "--steps", "2", "--warmup", "1", "--json", str(path)]) == 0
     records = {r["mode"]: r for r in json.loads(path.read_text())}
-    assert set(records) == {"serial", "naive", "bucketed", "ceiling"}
-    for mode in ("naive", "bucketed"):
+    assert set(records) == {"serial", "naive", "bucketed", "balanced", "ceiling"}
+    for mode in ("naive", "bucketed", "balanced"):
         r = records[mode]
         assert r["speedup_vs_serial"] > 0 and r["bytes_sent_per_rank_per_step"] == pytest.approx(
             r["ring_formula_bytes"], rel=0.01)
         assert 0.2 < r["of_ceiling"] < 1.5 and r["of_ceiling_range"][0] <= r["of_ceiling"] <= r["of_ceiling_range"][1]
+    splits = records["balanced"]["splits"]  # rows per rank of each timed step, e.g. {"8/8": 1, "9/7": 1}
+    assert sum(splits.values()) == 2 and all(sum(map(int, k.split("/"))) == 16 for k in splits), splits
+    assert records["bucketed"]["splits"] == {}
+
+
+# ----------------------------------------------------------------------------- stragglers
+
+
+def test_balanced_split_gives_the_slow_rank_fewer_rows():
+    from minidist.parallel.balance import balanced_split
+
+    assert balanced_split(16, [1.0, 1.0], [0.0, 0.0]) == [8, 8]
+    assert balanced_split(16, [1.0, 2.0], [0.0, 0.0]) == [11, 5]  # finishes at 11 and 10 (10/6 would be 12)
+    assert balanced_split(24, [1.0, 1.0, 1.0], [0.0, 0.0, 6.0]) == [10, 10, 4]  # fixed cost counts too
+    assert balanced_split(8, [1.0, 100.0], [0.0, 0.0], min_rows=2) == [6, 2]  # never below min_rows
+    with pytest.raises(ValueError, match="cannot give each of 3 ranks 2 rows"):
+        balanced_split(5, [1.0] * 3, [0.0] * 3, min_rows=2)
+
+
+def test_row_balancer_moves_rows_only_for_a_real_gain():
+    from minidist.parallel.balance import RowBalancer
+
+    balancer = RowBalancer(16, 2, margin=0.02)
+    assert balancer.rows == [8, 8]
+    assert balancer.update([0.080, 0.081], [0.005, 0.005]) == [8, 8]  # 1% apart: noise, stay
+    assert balancer.update([0.080, 0.120], [0.005, 0.0075]) != [8, 8]  # rank 1 1.5x slower
+    assert balancer.rows[1] < balancer.rows[0] and sum(balancer.rows) == 16
+
+
+def test_uneven_rows_are_slices_of_the_serial_batch():
+    from minidist.data import shard_rows
+
+    task = make_task("sort", 16, seed=0)
+    x, _ = task.get_batch(3, 10)
+    parts = [task.get_batch(3, 10, r, 3, counts=[5, 2, 3])[0] for r in range(3)]
+    assert [len(p) for p in parts] == [5, 2, 3] and np.array_equal(np.concatenate(parts), x)
+    with pytest.raises(ValueError, match=r"rows per rank \[5, 5\] must be 3 positive counts"):
+        shard_rows(10, 0, 3, counts=[5, 5])
+
+
+def slow_rank_program(slow_rank, seconds_per_row):
+    """Data parallelism with balance=True where one rank is made slow on purpose (it sleeps in
+    every forward, as if its core were shared): the rows it gets, step by step."""
+    import time as clock
+
+    from minidist.dist import get_world
+    from minidist.parallel.data import DataParallelTrainer
+
+    world = get_world()
+    with default_dtype("float64"):
+        task = make_task("sort", CONFIG["block_size"], seed=0)
+        trainer = DataParallelTrainer(GPTConfig(**CONFIG), OptimSettings(**SETTINGS), task, BATCH, seed=0,
+                                      group=world, balance=True)
+        if world.rank == slow_rank:
+            model = trainer.ddp.module
+
+            def slow_forward(x, y):
+                clock.sleep(seconds_per_row * len(x))
+                return model(x, y)
+            trainer.ddp.module = slow_forward
+        rows, losses = [], []
+        for s in range(STEPS):
+            rows.append(list(trainer.rows))
+            losses.append(trainer.step(s)[0])
+        return {"rows": rows, "losses": losses, "state": trainer.state_dict()}
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_balancing_takes_rows_from_a_slow_rank_and_still_equals_serial(serial, n):
+    results = run(slow_rank_program, n, n - 1, 0.01, timeout=240)  # the last rank: +10 ms a row
+    rows = results[0]["rows"]
+    assert rows[0] == [BATCH // n] * n, rows  # the first step is even: nothing measured yet
+    assert rows[-1][-1] < BATCH // n and min(rows[-1][:-1]) > BATCH // n, rows
+    serial_losses, serial_state = serial
+    for rank, result in enumerate(results):
+        assert result["rows"] == rows  # every rank computed the same split
+        np.testing.assert_allclose(result["losses"], serial_losses, rtol=1e-9)
+        for key, value in serial_state.items():
+            assert relative_difference(result["state"][key], value) <= 1e-9, (n, rank, key)
+
+
+def test_demo_balance_flag_reports_the_split_of_every_step(tmp_path):
+    path = tmp_path / "run.json"
+    proc = _demo(2, "--dp", "2", "--balance", "--steps", "4", "--json", str(path))
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(path.read_text())
+    assert len(report["rows_per_rank"]) == 4 and report["rows_per_rank"][0] == [8, 8]
+    assert all(sum(rows) == 16 and min(rows) >= 1 for rows in report["rows_per_rank"])
+    proc = _demo(2, "--tp", "2", "--balance", "--steps", "1")
+    assert proc.returncode != 0 and "--balance needs --dp without --zero" in proc.stderr

@@ -1,11 +1,11 @@
-"""`python -m minidist.bench dp`: data-parallel throughput at dp = 1, 2, 4, naive vs bucketed.
+"""`python -m minidist.bench dp`: data-parallel throughput at dp = 1, 2, 4: naive, bucketed, balanced.
 
 Chapter 3. Trains the demo GPT (vocab 256, block 64, n_embd 128, 4 layers, 4 heads, float32,
 global batch 16) on the sort task and prints, for every layout, tokens/s and the ratio to the
 serial run measured in the same job, plus the bytes each rank sent per step (from the traffic
 counters) beside the ring formula 2(N-1)/N x gradient bytes.
 
-    python -m minidist.bench dp                    # dp 1, 2, 4; naive, bucketed, ceiling
+    python -m minidist.bench dp                    # dp 1, 2, 4; naive, bucketed, balanced, ceiling
     python -m minidist.bench dp --repeats 5 --json dp.json
 
 How it runs: launch it as ONE ordinary process (not under mpirun). For each N it starts a job
@@ -14,6 +14,7 @@ job every variant gets its own trainer, and the variants take turns step by step
 
     serial (rank 0 trains on all B rows; the other ranks wait asleep, near 0% CPU)
     naive, bucketed (DataParallelTrainer on B/N rows per rank)
+    balanced (bucketed, with the rows re-split every step by each rank's speed: balance.py)
     ceiling (N independent serial trainers on B/N rows each, never talking)
 
 so a slow moment of this shared, noisy machine hits every variant alike. A step's time is the
@@ -21,7 +22,9 @@ slowest rank's; a variant's time is the median over the timed steps (after --war
 its speedup is serial's median / its median, both from the same job. `--repeats` jobs per N
 give the range. The ceiling is what perfect data parallelism could reach on this machine (all
 the compute of dp=N, none of the communication): dp / ceiling is the efficiency of the
-gradient averaging, and ceiling / serial shows what the cores themselves allow.
+gradient averaging, and ceiling / serial shows what the cores themselves allow with an even
+split. The balanced row can pass the ceiling: it moves rows off whichever core is slow at the
+moment (the `splits` key counts the splits it used).
 """
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ from minidist.dist.launch import run
 
 CONFIG = dict(vocab_size=256, block_size=64, n_layer=4, n_head=4, n_embd=128)
 BATCH = 16
+DP_MODES = ("naive", "bucketed", "balanced")  # the modes that average gradients (not serial, ceiling)
 
 
 def rank_program(modes: list[str], steps: int, warmup: int, batch: int, bucket_kb: int = 1024,
@@ -68,8 +72,9 @@ def rank_program(modes: list[str], steps: int, warmup: int, batch: int, bucket_k
                 trainers[mode] = SerialTrainer(config, settings, task, batch // world.size, seed=world.rank)
             else:
                 trainers[mode] = DataParallelTrainer(config, settings, task, batch, seed=0, group=world,
-                                                     overlap=(mode == "bucketed"), bucket_cap_bytes=bucket_kb * 1024)
-        out = {m: {"times": [], "bytes_sent": 0, "messages": 0, "comm_s": 0.0} for m in modes}
+                                                     overlap=(mode != "naive"), bucket_cap_bytes=bucket_kb * 1024,
+                                                     balance=(mode == "balanced"))
+        out = {m: {"times": [], "bytes_sent": 0, "messages": 0, "comm_s": 0.0, "splits": {}} for m in modes}
         idle_policy = dict(spin=0.001)  # sleep soon: the serial run's core is not disturbed
         idle = False
         for s in range(warmup + steps):
@@ -81,6 +86,7 @@ def rank_program(modes: list[str], steps: int, warmup: int, batch: int, bucket_k
                     dist.set_wait_policy(**previous)
                 idle = trainer is None
                 before = traffic.snapshot()["total"]
+                split = "/".join(map(str, trainer.rows)) if getattr(trainer, "balancer", None) else None
                 start = time.perf_counter()
                 if trainer is not None:
                     if hasattr(trainer, "timeline"):
@@ -94,6 +100,8 @@ def rank_program(modes: list[str], steps: int, warmup: int, batch: int, bucket_k
                 rec["times"].append(seconds)
                 rec["bytes_sent"] += (after["bytes_sent"] - before["bytes_sent"]) / steps
                 rec["messages"] += (after["messages"] - before["messages"]) / steps
+                if split:
+                    rec["splits"][split] = rec["splits"].get(split, 0) + 1
                 if hasattr(trainer, "timeline"):  # communication after backward ended: not hidden
                     ev = trainer.timeline.events
                     backward_end = max(e[3] for e in ev if e[1] == "backward")
@@ -117,7 +125,7 @@ def measure(n: int, modes: list[str], args, wait=None) -> dict:
                      "bytes_sent": max(r[mode]["bytes_sent"] for r in ranks),
                      "messages": max(r[mode]["messages"] for r in ranks),
                      "exposed_comm_s": max(r[mode]["comm_s"] for r in ranks),
-                     "grad_bytes": ranks[0][mode]["grad_bytes"]}
+                     "grad_bytes": ranks[0][mode]["grad_bytes"], "splits": ranks[0][mode]["splits"]}
     return out
 
 
@@ -130,7 +138,7 @@ def job_modes(n: int, args) -> list[str]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m minidist.bench dp", description=__doc__.split("\n")[0])
     parser.add_argument("--dp", default="1,2,4", help="data-parallel degrees, comma-separated")
-    parser.add_argument("--modes", default="naive,bucketed", help="naive and/or bucketed")
+    parser.add_argument("--modes", default="naive,bucketed,balanced", help="any of naive, bucketed, balanced")
     parser.add_argument("--steps", type=int, default=8, help="timed steps per job")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     parser.add_argument("--repeats", type=int, default=3, help="jobs per dp (median and range over them)")
@@ -143,6 +151,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     args.dp = [int(x) for x in args.dp.split(",")]
     args.modes = args.modes.split(",")
+    unknown = [m for m in args.modes if m not in DP_MODES]
+    if unknown:
+        parser.error(f"unknown mode(s) {', '.join(unknown)}: choose from {', '.join(DP_MODES)}")
     for n in args.dp:
         if args.batch % n:
             parser.error(f"global batch {args.batch} is not divisible by dp={n}")
@@ -161,7 +172,7 @@ def main(argv=None) -> int:
     for n in args.dp:
         for mode in job_modes(n, args)[1:]:
             records.append(record(n, mode, [job[mode] for job in jobs[n]], [job["serial"] for job in jobs[n]], args))
-            if mode in ("naive", "bucketed") and "ceiling" in jobs[n][0]:
+            if mode in DP_MODES and "ceiling" in jobs[n][0]:
                 # the efficiency of the gradient averaging alone: what this machine's cores allowed
                 # (the ceiling) over what dp reached, job by job
                 ratios = [job["ceiling"]["seconds"] / job[mode]["seconds"] for job in jobs[n]]
@@ -181,7 +192,7 @@ def record(n: int, mode: str, runs: list[dict], serial_runs: list[dict] | None, 
     seconds = [r["seconds"] for r in runs]
     speedups = [s["seconds"] / r["seconds"] for s, r in zip(serial_runs, runs)] if serial_runs else [1.0]
     grad_bytes = runs[0]["grad_bytes"]
-    communicates = mode in ("naive", "bucketed") and n > 1
+    communicates = mode in DP_MODES and n > 1
     return {
         "benchmark": "dp", "dp": n, "mode": mode, "dtype": args.dtype, "global_batch": args.batch,
         "seconds": float(np.median(seconds)), "seconds_range": [min(seconds), max(seconds)],
@@ -192,9 +203,18 @@ def record(n: int, mode: str, runs: list[dict], serial_runs: list[dict] | None, 
         "ring_formula_bytes": 2 * (n - 1) / n * grad_bytes if communicates else 0.0,
         "messages_per_rank_per_step": float(np.median([r["messages"] for r in runs])),
         "exposed_comm_seconds": float(np.median([r["exposed_comm_s"] for r in runs])),
-        "gradient_bytes": grad_bytes, "bucket_kb": args.bucket_kb if mode == "bucketed" else None,
+        "gradient_bytes": grad_bytes, "bucket_kb": args.bucket_kb if mode in ("bucketed", "balanced") else None,
         "jobs": len(runs), "steps": args.steps,
+        "splits": _add_counts(r["splits"] for r in runs),  # balanced: rows per rank, and how many steps used each
     }
+
+
+def _add_counts(dicts) -> dict:
+    total: dict = {}
+    for d in dicts:
+        for key, count in d.items():
+            total[key] = total.get(key, 0) + count
+    return dict(sorted(total.items(), key=lambda kv: -kv[1]))
 
 
 def print_table(records) -> None:
@@ -208,11 +228,18 @@ def print_table(records) -> None:
               f"{r['speedup_vs_serial']:8.2f} {slo:5.2f}-{shi:<5.2f} {r['exposed_comm_seconds'] * 1e3:10.1f} "
               f"{r['bytes_sent_per_rank_per_step'] / 1e6:11.3f} MB {r['ring_formula_bytes'] / 1e6:12.3f} MB "
               f"{r['messages_per_rank_per_step']:5.0f}"
-              + (f"   {r['of_ceiling']:.0%} of ceiling" if "of_ceiling" in r else ""))
+              + (f"   {r['of_ceiling']:.0%} of ceiling" if "of_ceiling" in r else "")
+              + (f"   splits {_top_splits(r['splits'])}" if r["splits"] else ""))
     print("x serial: median over jobs of (that job's serial step / this step); range: min-max over jobs.\n"
           "exposed: from the end of backward to the optimizer (communication not hidden behind backward).\n"
           "ceiling: N independent serial trainers on B/N rows each, no communication: the best dp=N can do here;\n"
-          "% of ceiling: median over jobs of (that job's ceiling step / this step).")
+          "% of ceiling: median over jobs of (that job's ceiling step / this step).\n"
+          "balanced: rows per rank re-split every step by speed; splits: the rows per rank it used, and how often.")
+
+
+def _top_splits(splits: dict, shown: int = 3) -> str:
+    total = sum(splits.values())
+    return ", ".join(f"{k} {v / total:.0%}" for k, v in list(splits.items())[:shown])
 
 
 if __name__ == "__main__":

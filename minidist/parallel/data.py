@@ -31,6 +31,7 @@ from minidist.data import accuracy
 from minidist.dist import all_reduce, broadcast, collectives, unchecked
 from minidist.dist.world import World, resolve
 from minidist.model import GPT, GPTConfig
+from minidist.parallel.balance import RowBalancer, even_split
 from minidist.tensor import graph_bytes
 from minidist.timeline import Timeline
 from minidist.train import OptimSettings, clip_and_step, make_optimizer
@@ -206,19 +207,29 @@ class DataParallelTrainer:
 
     With `accumulation` k > 1, a rank's slice is processed in k micro-batches; gradients are
     averaged over ranks once, after the last. global batch = micro-batch x k x dp.
+
+    The slices are even by default. `rows` fixes an uneven split (rows per rank), and
+    `balance=True` re-splits every step by each rank's measured speed, so that a slow core gets
+    fewer rows (balance.py, chapter 3 section 7). Either way the update is the serial one.
     """
 
     name = "dp"
 
     def __init__(self, config: GPTConfig, settings: OptimSettings, task, batch_size: int, seed: int = 0,
                  group: World | None = None, overlap: bool = True, bucket_cap_bytes: int = 1 << 20,
-                 accumulation: int = 1, algorithm: str = "auto"):
+                 accumulation: int = 1, algorithm: str = "auto", balance: bool = False,
+                 rows: list[int] | None = None):
         self.world = resolve(group)
         dp = self.world.size
-        if batch_size % (dp * accumulation):
+        if rows is None and batch_size % (dp * accumulation):
             raise ValueError(f"global batch {batch_size} is not divisible by dp={dp} x accumulation "
                              f"steps={accumulation} = {dp * accumulation}")
         self.task, self.batch_size, self.accumulation = task, batch_size, accumulation
+        self.balancer = RowBalancer(batch_size, dp, min_rows=accumulation) if balance else None
+        self.rows = list(rows) if rows is not None else even_split(batch_size, dp)
+        if len(self.rows) != dp or sum(self.rows) != batch_size or min(self.rows) < accumulation:
+            raise ValueError(f"rows per rank {self.rows}: need {dp} counts of at least accumulation="
+                             f"{accumulation} rows each, summing to the global batch {batch_size}")
         self.settings = settings
         self.timeline = Timeline()
         self.model = GPT(config, seed=seed)
@@ -229,28 +240,40 @@ class DataParallelTrainer:
 
     def step(self, step: int):
         """One optimizer step on the global batch; returns (global mean loss, accuracy)."""
-        x, y = self.task.get_batch(step, self.batch_size, self.world.rank, self.world.size)
+        dp, rank, B = self.world.size, self.world.rank, self.batch_size
+        x, y = self.task.get_batch(step, B, rank, dp, counts=self.rows)
         k = self.accumulation
         micro_x, micro_y = np.array_split(x, k), np.array_split(y, k)
         self.optimizer.zero_grad()
-        loss_sum, acc_sum = 0.0, 0.0
+        loss_sum, acc_sum = 0.0, 0.0  # this rank's share of the global means
+        started = time.perf_counter()
         for i in range(k):
             sync = contextlib.nullcontext() if i == k - 1 else self.ddp.no_sync()
+            share = len(micro_x[i]) / B  # of the global batch: the loss is a mean over all B rows
             with sync:
                 with self.timeline.span(f"forward {i}", "forward"):
                     logits, loss = self.ddp(micro_x[i], micro_y[i])
                 if not self.activation_bytes:  # every step builds the same graph: measure it once
                     self.activation_bytes = graph_bytes(loss)
                 with self.timeline.span(f"backward {i}", "backward"):
-                    (loss * (1.0 / k)).backward()  # the mean over micro-batches, as one big batch
-            loss_sum += loss.item()
-            acc_sum += accuracy(logits.data, micro_y[i])
+                    # the all-reduce averages (sums and divides by dp), so scale by share x dp:
+                    # 1/k for an even split, as one big batch
+                    (loss * (len(micro_x[i]) * dp / B)).backward()
+            loss_sum += loss.item() * share
+            acc_sum += accuracy(logits.data, micro_y[i]) * share
+        computed = time.perf_counter() - started
         self.ddp.finish_gradient_synchronization()
+        started = time.perf_counter()
         with self.timeline.span("optimizer", "optimizer"):
             clip_and_step(self.optimizer, self.optimizer.params(), self.settings, step)
-        stats = np.array([loss_sum / k, acc_sum / k])
-        with unchecked():  # same two numbers on every rank, every step (and the check would be a second wait)
-            all_reduce(stats, op="avg", group=self.world)  # every slice has as many tokens: mean of means
+        stats = np.zeros(2 + (2 * dp if self.balancer else 0))
+        stats[:2] = loss_sum, acc_sum
+        if self.balancer:  # every rank's seconds ride along: rank r fills slots r, the sum gathers them
+            stats[2 + rank], stats[2 + dp + rank] = computed, time.perf_counter() - started
+        with unchecked():  # same length on every rank, every step (and the check would be a second wait)
+            all_reduce(stats, op="sum", group=self.world)
+        if self.balancer:  # every rank has the same numbers, so every rank picks the same split
+            self.rows = self.balancer.update(stats[2:2 + dp], stats[2 + dp:])
         return float(stats[0]), float(stats[1])
 
     def memory(self) -> dict:

@@ -1,0 +1,88 @@
+"""Stragglers: the slowest rank sets the pace of synchronous data parallelism.
+
+Chapter 3, section 7. Every rank waits for every other at the gradient all-reduce, so a step
+takes as long as its slowest rank. With an even split of the global batch that is whichever
+core happens to be slow right now. On this shared 2-core machine one virtual CPU runs 20-40%
+slower than the other for stretches of several steps (`python -m minidist.bench dp` shows it),
+and an even split then loses all of that to waiting.
+
+The cure is to split the global batch *unevenly*, by speed. The update stays the serial one,
+whatever the split: the loss is a mean over all B rows, so if rank r holds n_r rows and `loss_r`
+is the mean over them,
+
+    loss = sum_r (n_r / B) loss_r        and so    grad = sum_r (n_r / B) grad_r.
+
+Each rank scales its loss by n_r * N / B before backward, and the usual averaging all-reduce
+(sum / N) then gives exactly that weighted sum. An even split makes every factor 1.
+
+`RowBalancer` chooses the split. Each rank measures two things per step: the seconds its
+forward and backward took (which grow with its rows) and the seconds of the rest of its busy
+step (the optimizer: the same work on every rank, but a slow core is slow at it too). The
+numbers travel in the all-reduce that already closes every step, so every rank gets the same
+numbers, computes the same split for the next step, and no extra message is sent.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def even_split(batch_size: int, world_size: int) -> list[int]:
+    return [batch_size // world_size] * world_size
+
+
+def balanced_split(batch_size: int, per_row: list[float], fixed: list[float], min_rows: int = 1) -> list[int]:
+    """Rows per rank that make the slowest rank as fast as it can be.
+
+    Rank r is modelled as taking `fixed[r] + rows * per_row[r]` seconds. Every rank first gets
+    `min_rows`; each remaining row then goes, one at a time, to the rank that would finish it
+    soonest. For a maximum of increasing linear costs this greedy choice is optimal, and it is
+    deterministic (ties go to the lowest rank), so every rank computes the same split.
+    """
+    n = len(per_row)
+    if batch_size < n * min_rows:
+        raise ValueError(f"global batch {batch_size} cannot give each of {n} ranks {min_rows} rows")
+    rows = [min_rows] * n
+    for _ in range(batch_size - n * min_rows):
+        finish = [fixed[r] + (rows[r] + 1) * per_row[r] for r in range(n)]
+        rows[int(np.argmin(finish))] += 1
+    return rows
+
+
+class RowBalancer:
+    """Keeps each rank's speed (smoothed over steps) and proposes the next step's split.
+
+        balancer = RowBalancer(batch_size=16, world_size=2)
+        balancer.rows                              # [8, 8] to start with
+        balancer.update(compute_s, fixed_s)        # every rank's seconds of the last step
+        balancer.rows                              # e.g. [9, 7] when rank 1 was the slow one
+
+    `smoothing` weighs the newest measurement: a core's slowness lasts several steps here, but
+    a single step's time is noisy. `margin`: the split changes only when the model predicts the
+    slowest rank at least that much faster, so that noise does not move rows back and forth.
+    """
+
+    def __init__(self, batch_size: int, world_size: int, min_rows: int = 1, smoothing: float = 0.5,
+                 margin: float = 0.02):
+        self.batch_size, self.world_size, self.min_rows = batch_size, world_size, min_rows
+        self.smoothing, self.margin = smoothing, margin
+        self.rows = even_split(batch_size, world_size)
+        self.per_row: np.ndarray | None = None
+        self.fixed: np.ndarray | None = None
+
+    def update(self, compute_seconds, fixed_seconds) -> list[int]:
+        per_row = np.asarray(compute_seconds, dtype=np.float64) / np.asarray(self.rows)
+        fixed = np.asarray(fixed_seconds, dtype=np.float64)
+        if self.per_row is None:
+            self.per_row, self.fixed = per_row, fixed
+        else:
+            a = self.smoothing
+            self.per_row = a * per_row + (1 - a) * self.per_row
+            self.fixed = a * fixed + (1 - a) * self.fixed
+        proposal = balanced_split(self.batch_size, list(self.per_row), list(self.fixed), self.min_rows)
+        if self.predicted(proposal) < (1 - self.margin) * self.predicted(self.rows):
+            self.rows = proposal
+        return self.rows
+
+    def predicted(self, rows) -> float:
+        """Seconds of the slowest rank with these rows, by the model."""
+        return float(np.max(self.fixed + np.asarray(rows) * self.per_row))
