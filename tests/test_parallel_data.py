@@ -177,8 +177,10 @@ def test_bench_dp_json_has_speedups_and_the_share_of_the_ceiling(tmp_path):
     from minidist.bench import dp as bench_dp
 
     path = tmp_path / "dp.json"
-    assert bench_dp.main(["--dp", "2", "--repeats", "1", "--steps", "2", "--warmup", "1", "--json", str(path)]) == 0
+    assert bench_dp.main(["--dp", "2", "--repeats", "1", "--steps", "2", "--warmup", "1", "--slow", "1:0.5",
+                          "--json", str(path)]) == 0
     records = {r["mode"]: r for r in json.loads(path.read_text())}
+    assert all(r["slow"] == {"rank": 1, "ms_per_row": 0.5} for r in records.values())
     assert set(records) == {"serial", "naive", "bucketed", "balanced", "ceiling"}
     for mode in ("naive", "bucketed", "balanced"):
         r = records[mode]
@@ -188,6 +190,17 @@ def test_bench_dp_json_has_speedups_and_the_share_of_the_ceiling(tmp_path):
     splits = records["balanced"]["splits"]  # rows per rank of each timed step, e.g. {"8/8": 1, "9/7": 1}
     assert sum(splits.values()) == 2 and all(sum(map(int, k.split("/"))) == 16 for k in splits), splits
     assert records["bucketed"]["splits"] == {}
+
+
+def test_bench_dp_rejects_a_slow_rank_that_does_not_exist(capsys):
+    from minidist.bench import dp as bench_dp
+
+    with pytest.raises(SystemExit):
+        bench_dp.main(["--dp", "1,2", "--slow", "1:3"])
+    assert "rank 1 does not exist at dp=1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench_dp.main(["--dp", "2", "--slow", "3ms"])
+    assert "--slow takes RANK:MS" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- stragglers

@@ -41,12 +41,31 @@ BATCH = 16
 DP_MODES = ("naive", "bucketed", "balanced")  # the modes that average gradients (not serial, ceiling)
 
 
+class SlowedModel:
+    """The model plus `extra` seconds of busy work per row after every forward: a slower device
+    (`--slow RANK:MS`), to show what balancing does against a straggler that stays slow."""
+
+    def __init__(self, model, extra: float):
+        self.model, self.extra = model, extra
+
+    def __call__(self, x, y=None):
+        out = self.model(x, y)
+        end = time.perf_counter() + self.extra * len(x)
+        while time.perf_counter() < end:  # busy, as a slower core would be (sleeping frees the core)
+            pass
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+
 def rank_program(modes: list[str], steps: int, warmup: int, batch: int, bucket_kb: int = 1024,
-                 dtype: str = "float32", wait: dict | None = None) -> dict:
+                 dtype: str = "float32", wait: dict | None = None, slow: tuple | None = None) -> dict:
     """Every variant in `modes` on this job's ranks, taking turns step by step.
     Returns {mode: {times: [s per step], bytes_sent, messages (per step), ...}} for this rank.
     `wait` (e.g. {"busy": 0.002} or {"polite": False}) sets `dist.set_wait_policy` on every rank,
-    to measure how the waiting policy of minidist/dist/p2p.py affects the step."""
+    to measure how the waiting policy of minidist/dist/p2p.py affects the step. `slow` = (rank,
+    seconds per row) makes that rank's every trainer slower (`SlowedModel`)."""
     from minidist import dist
     from minidist.data import make_task
     from minidist.dist import traffic
@@ -74,6 +93,12 @@ def rank_program(modes: list[str], steps: int, warmup: int, batch: int, bucket_k
                 trainers[mode] = DataParallelTrainer(config, settings, task, batch, seed=0, group=world,
                                                      overlap=(mode != "naive"), bucket_cap_bytes=bucket_kb * 1024,
                                                      balance=(mode == "balanced"))
+        if slow and world.rank == slow[0]:
+            for trainer in trainers.values():
+                if isinstance(trainer, DataParallelTrainer):
+                    trainer.ddp.module = SlowedModel(trainer.ddp.module, slow[1])
+                elif trainer is not None:
+                    trainer.model = SlowedModel(trainer.model, slow[1])
         out = {m: {"times": [], "bytes_sent": 0, "messages": 0, "comm_s": 0.0, "splits": {}} for m in modes}
         idle_policy = dict(spin=0.001)  # sleep soon: the serial run's core is not disturbed
         idle = False
@@ -117,7 +142,7 @@ def rank_program(modes: list[str], steps: int, warmup: int, batch: int, bucket_k
 def measure(n: int, modes: list[str], args, wait=None) -> dict:
     """One job of n ranks; per mode: the median step (slowest rank per step) and counts."""
     ranks = run(rank_program, n, modes, args.steps, args.warmup, args.batch, args.bucket_kb, args.dtype, wait,
-                timeout=600)
+                args.slow, timeout=600)
     out = {}
     for mode in modes:
         per_step = np.max(np.array([r[mode]["times"] for r in ranks]), axis=0)
@@ -147,10 +172,20 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     parser.add_argument("--no-ceiling", dest="ceiling", action="store_false",
                         help="skip the N independent serial runs at B/N (no communication)")
+    parser.add_argument("--slow", metavar="RANK:MS", help="make one rank slower: MS milliseconds of extra busy "
+                        "work per row of its batch in every forward (a straggler that stays slow)")
     parser.add_argument("--json", metavar="PATH", help="write the records as a JSON list")
     args = parser.parse_args(argv)
     args.dp = [int(x) for x in args.dp.split(",")]
     args.modes = args.modes.split(",")
+    if args.slow:
+        try:
+            rank, ms = args.slow.split(":")
+            args.slow = (int(rank), float(ms) / 1e3)
+        except ValueError:
+            parser.error(f"--slow takes RANK:MS, e.g. 1:3 (got {args.slow!r})")
+        if min(args.dp) <= args.slow[0]:
+            parser.error(f"--slow {args.slow[0]}:...: rank {args.slow[0]} does not exist at dp={min(args.dp)}")
     unknown = [m for m in args.modes if m not in DP_MODES]
     if unknown:
         parser.error(f"unknown mode(s) {', '.join(unknown)}: choose from {', '.join(DP_MODES)}")
@@ -160,7 +195,8 @@ def main(argv=None) -> int:
 
     print(f"data-parallel throughput: GPT {CONFIG}, {args.dtype}, global batch {args.batch}, "
           f"{args.steps} timed steps after {args.warmup}, {args.repeats} jobs per dp, "
-          f"bucket cap {args.bucket_kb} KiB")
+          f"bucket cap {args.bucket_kb} KiB"
+          + (f"; rank {args.slow[0]} slowed by {args.slow[1] * 1e3:g} ms of busy work per row" if args.slow else ""))
     jobs: dict[int, list] = {n: [] for n in args.dp}
     started = time.perf_counter()
     for round_ in range(args.repeats):
@@ -205,6 +241,7 @@ def record(n: int, mode: str, runs: list[dict], serial_runs: list[dict] | None, 
         "exposed_comm_seconds": float(np.median([r["exposed_comm_s"] for r in runs])),
         "gradient_bytes": grad_bytes, "bucket_kb": args.bucket_kb if mode in ("bucketed", "balanced") else None,
         "jobs": len(runs), "steps": args.steps,
+        "slow": {"rank": args.slow[0], "ms_per_row": args.slow[1] * 1e3} if args.slow else None,
         "splits": _add_counts(r["splits"] for r in runs),  # balanced: rows per rank, and how many steps used each
     }
 
