@@ -41,24 +41,6 @@ BATCH = 16
 DP_MODES = ("naive", "bucketed", "balanced")  # the modes that average gradients (not serial, ceiling)
 
 
-class SlowedModel:
-    """The model plus `extra` seconds of busy work per row after every forward: a slower device
-    (`--slow RANK:MS`), to show what balancing does against a straggler that stays slow."""
-
-    def __init__(self, model, extra: float):
-        self.model, self.extra = model, extra
-
-    def __call__(self, x, y=None):
-        out = self.model(x, y)
-        end = time.perf_counter() + self.extra * len(x)
-        while time.perf_counter() < end:  # busy, as a slower core would be (sleeping frees the core)
-            pass
-        return out
-
-    def __getattr__(self, name):
-        return getattr(self.model, name)
-
-
 def rank_program(modes: list[str], steps: int, warmup: int, batch: int, bucket_kb: int = 1024,
                  dtype: str = "float32", wait: dict | None = None, slow: tuple | None = None) -> dict:
     """Every variant in `modes` on this job's ranks, taking turns step by step.
@@ -70,6 +52,7 @@ def rank_program(modes: list[str], steps: int, warmup: int, batch: int, bucket_k
     from minidist.data import make_task
     from minidist.dist import traffic
     from minidist.model import GPTConfig
+    from minidist.parallel.balance import SlowedModel
     from minidist.parallel.data import DataParallelTrainer
     from minidist.runtime import tune_malloc
     from minidist.tensor import default_dtype

@@ -23,6 +23,8 @@ numbers, computes the same split for the next step, and no extra message is sent
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 
@@ -86,3 +88,22 @@ class RowBalancer:
     def predicted(self, rows) -> float:
         """Seconds of the slowest rank with these rows, by the model."""
         return float(np.max(self.fixed + np.asarray(rows) * self.per_row))
+
+
+class SlowedModel:
+    """The model plus `extra` seconds of busy work per row after every forward: a slower device,
+    to show what balancing does against a straggler that stays slow (`bench dp --slow RANK:MS`,
+    notebook 03). Everything but the call is the model's own."""
+
+    def __init__(self, model, extra: float):
+        self.model, self.extra = model, extra
+
+    def __call__(self, x, y=None):
+        out = self.model(x, y)
+        end = time.perf_counter() + self.extra * len(x)
+        while time.perf_counter() < end:  # busy, as a slower core would be (sleeping frees the core)
+            pass
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)

@@ -14,7 +14,9 @@ def train_variants(variants: list[dict], config: dict, steps: int, batch: int, d
     """Train each variant on this job's ranks; returns {variant name: measurements}.
 
     A variant is a dict: name, and optionally overlap (default True), bucket_kb (1024),
-    accumulation (1). Measurements: losses (global mean per step), state (final weights, rank 0),
+    accumulation (1), rows (rows per rank), balance (False), slow ((rank, extra seconds per row):
+    a straggler, `balance.SlowedModel`). Measurements: losses (global mean per step), rows (the
+    split of every step), state (final weights, rank 0),
     events (this rank's timeline on the clock all ranks share; `timeline.normalise` aligns
     them), bytes_sent and messages per step (traffic counters, set-up excluded), by_kind,
     grad_bytes, num_buckets, step_seconds, memory.
@@ -25,6 +27,7 @@ def train_variants(variants: list[dict], config: dict, steps: int, batch: int, d
     from minidist.data import make_task
     from minidist.dist import traffic
     from minidist.model import GPTConfig
+    from minidist.parallel.balance import SlowedModel
     from minidist.parallel.data import DataParallelTrainer
     from minidist.runtime import tune_malloc
     from minidist.tensor import default_dtype
@@ -40,18 +43,24 @@ def train_variants(variants: list[dict], config: dict, steps: int, batch: int, d
             trainer = DataParallelTrainer(GPTConfig(**config), settings, task, batch, seed=seed, group=world,
                                           overlap=v.get("overlap", True),
                                           bucket_cap_bytes=int(v.get("bucket_kb", 1024) * 1024),
-                                          accumulation=v.get("accumulation", 1))
+                                          accumulation=v.get("accumulation", 1), rows=v.get("rows"),
+                                          balance=v.get("balance", False))
+            slow = v.get("slow")
+            if slow and world.rank == slow[0]:
+                trainer.ddp.module = SlowedModel(trainer.ddp.module, slow[1])
             dist.barrier()
             traffic.reset()  # count the training steps only, not the set-up broadcast
             trainer.timeline.clear()
-            losses, seconds = [], []
+            losses, seconds, rows = [], [], []
             for s in range(steps):
+                rows.append(list(trainer.rows))
                 start = time.perf_counter()
                 losses.append(trainer.step(s)[0])
                 seconds.append(time.perf_counter() - start)
             counts = traffic.snapshot()
             out[v["name"]] = {
                 "losses": losses,
+                "rows": rows,
                 "state": trainer.state_dict() if world.rank == 0 else None,
                 "events": list(trainer.timeline.events),
                 "bytes_sent": counts["total"]["bytes_sent"] / steps,
