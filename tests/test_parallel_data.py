@@ -203,6 +203,16 @@ def test_bench_dp_rejects_a_slow_rank_that_does_not_exist(capsys):
     assert "--slow takes RANK:MS" in capsys.readouterr().err
 
 
+def test_bench_dp_torch_yardstick_says_when_torch_is_missing(capsys, monkeypatch):
+    """PyTorch is never a dependency: without it, --torch stops with the command to install it."""
+    from minidist.bench import dp as bench_dp
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ImportError
+    with pytest.raises(SystemExit):
+        bench_dp.main(["--dp", "2", "--torch"])
+    assert "--torch needs PyTorch: pip install torch" in capsys.readouterr().err
+
+
 # ----------------------------------------------------------------------------- stragglers
 
 

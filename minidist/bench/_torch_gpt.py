@@ -56,3 +56,47 @@ def make_torch_step(config, batch_size, dtype):
         optimizer.step()
 
     return step
+
+
+class TorchTrainer:
+    """The same model in PyTorch, as a trainer with `step(s)` for `python -m minidist.bench dp
+    --torch`: one process on the whole batch ("torch-serial"), or torch's DistributedDataParallel
+    over the gloo backend on this rank's B/N rows ("torch-ddp"). Random tokens: only time counts."""
+
+    def __init__(self, config, batch_size, dtype, ddp=False):
+        torch.set_num_threads(1)  # one core per rank, as minidist's ranks
+        torch_dtype = {"float32": torch.float32, "float64": torch.float64}[dtype]
+        torch.manual_seed(0)
+        model = _GPT(config).to(torch_dtype)
+        self.model = model
+        self.net = nn.parallel.DistributedDataParallel(model) if ddp else model
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
+        self.x = torch.randint(0, config.vocab_size, (batch_size, config.block_size))
+        self.y = torch.randint(0, config.vocab_size, (batch_size, config.block_size))
+
+    def step(self, s):
+        loss = self.net(self.x, self.y)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()  # torch DDP: bucketed all-reduces overlap backward, waited for at its end
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.optimizer.step()
+        return loss.item()
+
+
+def init_gloo(comm) -> None:
+    """torch.distributed over gloo on the ranks of an MPI communicator: rank 0 picks a free port
+    and tells the others through MPI."""
+    import socket
+
+    import torch.distributed as torch_dist
+
+    if torch_dist.is_initialized():
+        return
+    port = None
+    if comm.rank == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    port = comm.bcast(port, root=0)
+    torch_dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=comm.rank,
+                                  world_size=comm.size)

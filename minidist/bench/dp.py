@@ -7,6 +7,8 @@ counters) beside the ring formula 2(N-1)/N x gradient bytes.
 
     python -m minidist.bench dp                    # dp 1, 2, 4; naive, bucketed, balanced, ceiling
     python -m minidist.bench dp --repeats 5 --json dp.json
+    python -m minidist.bench dp --dp 2 --torch     # PyTorch's serial step and DDP (gloo) too
+    python -m minidist.bench dp --dp 2 --slow 1:3  # rank 1 a straggler: 3 ms more per row
 
 How it runs: launch it as ONE ordinary process (not under mpirun). For each N it starts a job
 of N real MPI ranks with `minidist.dist.launch.run` (mpiexec from the virtualenv). Inside the
@@ -24,7 +26,9 @@ give the range. The ceiling is what perfect data parallelism could reach on this
 the compute of dp=N, none of the communication): dp / ceiling is the efficiency of the
 gradient averaging, and ceiling / serial shows what the cores themselves allow with an even
 split. The balanced row can pass the ceiling: it moves rows off whichever core is slow at the
-moment (the `splits` key counts the splits it used).
+moment (the `splits` key counts the splits it used). With `--torch` (PyTorch installed; never a
+dependency) the same jobs also time PyTorch's serial step and its DistributedDataParallel over
+gloo, so PyTorch's data-parallel speedup over its own serial step is measured beside ours.
 """
 from __future__ import annotations
 
@@ -72,6 +76,13 @@ def rank_program(modes: list[str], steps: int, warmup: int, batch: int, bucket_k
                 trainers[mode] = SerialTrainer(config, settings, task, batch, seed=0) if world.rank == 0 else None
             elif mode == "ceiling":
                 trainers[mode] = SerialTrainer(config, settings, task, batch // world.size, seed=world.rank)
+            elif mode.startswith("torch"):  # the yardstick: PyTorch's own serial step and DDP (gloo)
+                from minidist.bench._torch_gpt import TorchTrainer, init_gloo
+                if mode == "torch-ddp":
+                    init_gloo(world.comm)
+                    trainers[mode] = TorchTrainer(config, batch // world.size, dtype, ddp=True)
+                else:
+                    trainers[mode] = TorchTrainer(config, batch, dtype) if world.rank == 0 else None
             else:
                 trainers[mode] = DataParallelTrainer(config, settings, task, batch, seed=0, group=world,
                                                      overlap=(mode != "naive"), bucket_cap_bytes=bucket_kb * 1024,
@@ -115,7 +126,7 @@ def rank_program(modes: list[str], steps: int, warmup: int, batch: int, bucket_k
                     backward_end = max(e[3] for e in ev if e[1] == "backward")
                     opt_start = min(e[2] for e in ev if e[1] == "optimizer")
                     rec["comm_s"] += (opt_start - backward_end) / steps
-        model = next(t.model for t in trainers.values() if t is not None)
+        model = next(t.model for m, t in trainers.items() if t is not None and not m.startswith("torch"))
         grad_bytes = sum(p.data.nbytes for p in model.parameters())
         for rec in out.values():
             rec["grad_bytes"] = grad_bytes
@@ -140,7 +151,8 @@ def measure(n: int, modes: list[str], args, wait=None) -> dict:
 def job_modes(n: int, args) -> list[str]:
     if n == 1:
         return ["serial", "bucketed"]  # dp=1 never communicates: naive and bucketed are the same run
-    return ["serial"] + args.modes + (["ceiling"] if args.ceiling else [])
+    torch_modes = ["torch-serial", "torch-ddp"] if args.torch else []
+    return ["serial"] + args.modes + (["ceiling"] if args.ceiling else []) + torch_modes
 
 
 def main(argv=None) -> int:
@@ -157,6 +169,8 @@ def main(argv=None) -> int:
                         help="skip the N independent serial runs at B/N (no communication)")
     parser.add_argument("--slow", metavar="RANK:MS", help="make one rank slower: MS milliseconds of extra busy "
                         "work per row of its batch in every forward (a straggler that stays slow)")
+    parser.add_argument("--torch", action="store_true", help="also time PyTorch in the same jobs: its serial step "
+                        "(torch-serial) and its DistributedDataParallel over gloo (torch-ddp, x its own serial)")
     parser.add_argument("--json", metavar="PATH", help="write the records as a JSON list")
     args = parser.parse_args(argv)
     args.dp = [int(x) for x in args.dp.split(",")]
@@ -169,6 +183,11 @@ def main(argv=None) -> int:
             parser.error(f"--slow takes RANK:MS, e.g. 1:3 (got {args.slow!r})")
         if min(args.dp) <= args.slow[0]:
             parser.error(f"--slow {args.slow[0]}:...: rank {args.slow[0]} does not exist at dp={min(args.dp)}")
+    if args.torch:
+        try:
+            import torch  # noqa: F401  (never a dependency of minidist)
+        except ImportError:
+            parser.error("--torch needs PyTorch: pip install torch")
     unknown = [m for m in args.modes if m not in DP_MODES]
     if unknown:
         parser.error(f"unknown mode(s) {', '.join(unknown)}: choose from {', '.join(DP_MODES)}")
@@ -190,7 +209,9 @@ def main(argv=None) -> int:
     records = [record(1, "serial", [job["serial"] for n in args.dp for job in jobs[n]], None, args)]
     for n in args.dp:
         for mode in job_modes(n, args)[1:]:
-            records.append(record(n, mode, [job[mode] for job in jobs[n]], [job["serial"] for job in jobs[n]], args))
+            yardstick = "torch-serial" if mode == "torch-ddp" else "serial"  # PyTorch DDP against PyTorch
+            records.append(record(n, mode, [job[mode] for job in jobs[n]], [job[yardstick] for job in jobs[n]], args))
+            records[-1]["yardstick"] = yardstick
             if mode in DP_MODES and "ceiling" in jobs[n][0]:
                 # the efficiency of the gradient averaging alone: what this machine's cores allowed
                 # (the ceiling) over what dp reached, job by job
@@ -254,7 +275,9 @@ def print_table(records) -> None:
           "exposed: from the end of backward to the optimizer (communication not hidden behind backward).\n"
           "ceiling: N independent serial trainers on B/N rows each, no communication: the best dp=N can do here;\n"
           "% of ceiling: median over jobs of (that job's ceiling step / this step).\n"
-          "balanced: rows per rank re-split every step by speed; splits: the rows per rank it used, and how often.")
+          "balanced: rows per rank re-split every step by speed; splits: the rows per rank it used, and how often.\n"
+          "torch-serial x serial: PyTorch's step against minidist's; torch-ddp: x torch-serial, from the same jobs\n"
+          "(its traffic goes through gloo, which minidist's counters do not see).")
 
 
 def _top_splits(splits: dict, shown: int = 3) -> str:
