@@ -230,11 +230,13 @@ def test_balanced_split_gives_the_slow_rank_fewer_rows():
 def test_row_balancer_moves_rows_only_for_a_real_gain():
     from minidist.parallel.balance import RowBalancer
 
-    balancer = RowBalancer(16, 2, margin=0.02)
+    balancer = RowBalancer(16, 2)  # default margin: 10%
     assert balancer.rows == [8, 8]
-    assert balancer.update([0.080, 0.081], [0.005, 0.005]) == [8, 8]  # 1% apart: noise, stay
+    assert balancer.update([0.080, 0.096], [0.005, 0.005]) == [8, 8]  # 20% apart: 9/7 would gain 6%, stay
     assert balancer.update([0.080, 0.120], [0.005, 0.0075]) != [8, 8]  # rank 1 1.5x slower
     assert balancer.rows[1] < balancer.rows[0] and sum(balancer.rows) == 16
+    eager = RowBalancer(16, 2, margin=0.0)
+    assert eager.update([0.080, 0.096], [0.005, 0.005]) == [9, 7]  # without a margin it moves
 
 
 def test_uneven_rows_are_slices_of_the_serial_batch():
