@@ -2,9 +2,9 @@
 
 Chapter 3, section 7. Every rank waits for every other at the gradient all-reduce, so a step
 takes as long as its slowest rank. With an even split of the global batch that is whichever
-core happens to be slow right now. On this shared 2-core machine one virtual CPU runs 20-40%
-slower than the other for stretches of several steps (`python -m minidist.bench dp` shows it),
-and an even split then loses all of that to waiting.
+core happens to be slow right now. On this shared 2-core machine the two virtual CPUs take
+turns being slower, by 11 ms of a 70 ms step in the median step, and every step waits for the
+slower one. On a cluster, one machine may simply be slower than the rest, step after step.
 
 The cure is to split the global batch *unevenly*, by speed. The update stays the serial one,
 whatever the split: the loss is a mean over all B rows, so if rank r holds n_r rows and `loss_r`
@@ -20,6 +20,10 @@ forward and backward took (which grow with its rows) and the seconds of the rest
 step (the optimizer: the same work on every rank, but a slow core is slow at it too). The
 numbers travel in the all-reduce that already closes every step, so every rank gets the same
 numbers, computes the same split for the next step, and no extra message is sent.
+
+What it buys (`python -m minidist.bench dp --slow 1:3`, chapter 3 section 7): 6-35% against a
+rank that stays 40% slower; 0-3% against this machine's jitter, which moves from core to core
+faster than the last steps' timings can predict. So `balance` is off by default.
 """
 from __future__ import annotations
 
