@@ -85,6 +85,7 @@ class DistributedDataParallel:
         self.algorithm = algorithm
         self.timeline = timeline  # optional: records when each bucket's communication runs
         self.require_sync = True
+        self.hook_seconds = 0.0  # time spent in the gradient hooks (launching, progressing all-reduces)
         self.params = module.parameters()
         self._broadcast_parameters()
         self.buckets = make_buckets(self.params, bucket_cap_bytes) if overlap else []  # naive: none
@@ -149,11 +150,15 @@ class DistributedDataParallel:
     def _grad_ready(self, p) -> None:
         if not (self.overlap and self.require_sync) or self.world.size == 1:
             return  # nothing to average with (or accumulating locally under no_sync)
+        started = time.perf_counter()
         bucket = self._bucket_of[id(p)]
         bucket.ready += 1
         if bucket.ready == len(bucket.params):
             self._launch(bucket)
         self._progress()
+        # communication work done inside backward: whichever rank finishes backward last finds
+        # its peers' halves waiting and adds them up here, so its backward looks slower than it is
+        self.hook_seconds += time.perf_counter() - started
 
     def _launch(self, bucket: Bucket) -> None:
         for p, slot in zip(bucket.params, bucket.views):
@@ -246,7 +251,7 @@ class DataParallelTrainer:
         micro_x, micro_y = np.array_split(x, k), np.array_split(y, k)
         self.optimizer.zero_grad()
         loss_sum, acc_sum = 0.0, 0.0  # this rank's share of the global means
-        started = time.perf_counter()
+        started, self.ddp.hook_seconds = time.perf_counter(), 0.0
         for i in range(k):
             sync = contextlib.nullcontext() if i == k - 1 else self.ddp.no_sync()
             share = len(micro_x[i]) / B  # of the global batch: the loss is a mean over all B rows
@@ -261,7 +266,7 @@ class DataParallelTrainer:
                     (loss * (len(micro_x[i]) * dp / B)).backward()
             loss_sum += loss.item() * share
             acc_sum += accuracy(logits.data, micro_y[i]) * share
-        computed = time.perf_counter() - started
+        computed = time.perf_counter() - started - self.ddp.hook_seconds  # forward + backward arithmetic
         self.ddp.finish_gradient_synchronization()
         started = time.perf_counter()
         with self.timeline.span("optimizer", "optimizer"):
