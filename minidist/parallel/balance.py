@@ -22,8 +22,10 @@ numbers travel in the all-reduce that already closes every step, so every rank g
 numbers, computes the same split for the next step, and no extra message is sent.
 
 What it buys (`python -m minidist.bench dp --slow 1:3`, chapter 3 section 7): 6-35% against a
-rank that stays 40% slower; 0-3% against this machine's jitter, which moves from core to core
-faster than the last steps' timings can predict. So `balance` is off by default.
+rank that stays 40% slower. Against this machine's own unevenness, -0.11 to +0.17 on the speedup
+job by job: it wins where one core stays faster for a whole job, and loses a little where the
+slow core changes faster than the last steps' timings can predict. So `balance` is off by
+default.
 """
 from __future__ import annotations
 
@@ -66,8 +68,8 @@ class RowBalancer:
     a single step's time is noisy. `margin`: the split changes only when the model predicts the
     slowest rank at least that much faster, so that noise does not move rows back and forth.
     Measured with `bench dp` (dp=2): at 2% the split followed this machine's jitter and the step
-    lost 2-4% against the even split; at 10% it stayed even or gained up to 3%, and still took
-    rows from a rank made 40% slower (`--slow 1:3`).
+    lost 2-4% against the even split (medians of 11 runs); at 10% it was even or ahead in 4 runs
+    of 5 jobs, and still took rows from a rank made 40% slower (`--slow 1:3`).
     """
 
     def __init__(self, batch_size: int, world_size: int, min_rows: int = 1, smoothing: float = 0.5,
