@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections import Counter
 
 import numpy as np
 
@@ -51,12 +52,12 @@ def rank_program(modes: list[str], steps: int, warmup: int, batch: int, bucket_k
     Returns {mode: {times: [s per step], bytes_sent, messages (per step), ...}} for this rank.
     `wait` (e.g. {"busy": 0.002} or {"polite": False}) sets `dist.set_wait_policy` on every rank,
     to measure how the waiting policy of minidist/dist/p2p.py affects the step. `slow` = (rank,
-    seconds per row) makes that rank's every trainer slower (`SlowedModel`)."""
+    seconds per row) makes that rank's every trainer slower (`balance.make_straggler`)."""
     from minidist import dist
     from minidist.data import make_task
     from minidist.dist import traffic
     from minidist.model import GPTConfig
-    from minidist.parallel.balance import SlowedModel
+    from minidist.parallel.balance import make_straggler
     from minidist.parallel.data import DataParallelTrainer
     from minidist.runtime import tune_malloc
     from minidist.tensor import default_dtype
@@ -89,10 +90,8 @@ def rank_program(modes: list[str], steps: int, warmup: int, batch: int, bucket_k
                                                      balance=(mode == "balanced"))
         if slow and world.rank == slow[0]:
             for trainer in trainers.values():
-                if isinstance(trainer, DataParallelTrainer):
-                    trainer.ddp.module = SlowedModel(trainer.ddp.module, slow[1])
-                elif trainer is not None:
-                    trainer.model = SlowedModel(trainer.model, slow[1])
+                if trainer is not None:
+                    make_straggler(trainer, slow[1])
         out = {m: {"times": [], "bytes_sent": 0, "messages": 0, "comm_s": 0.0, "splits": {}} for m in modes}
         idle_policy = dict(spin=0.001)  # sleep soon: the serial run's core is not disturbed
         idle = False
@@ -246,16 +245,9 @@ def record(n: int, mode: str, runs: list[dict], serial_runs: list[dict] | None, 
         "gradient_bytes": grad_bytes, "bucket_kb": args.bucket_kb if mode in ("bucketed", "balanced") else None,
         "jobs": len(runs), "steps": args.steps,
         "slow": {"rank": args.slow[0], "ms_per_row": args.slow[1] * 1e3} if args.slow else None,
-        "splits": _add_counts(r["splits"] for r in runs),  # balanced: rows per rank, and how many steps used each
+        # balanced: rows per rank, and how many steps used each, most used first
+        "splits": dict(sum((Counter(r["splits"]) for r in runs), Counter()).most_common()),
     }
-
-
-def _add_counts(dicts) -> dict:
-    total: dict = {}
-    for d in dicts:
-        for key, count in d.items():
-            total[key] = total.get(key, 0) + count
-    return dict(sorted(total.items(), key=lambda kv: -kv[1]))
 
 
 def print_table(records) -> None:

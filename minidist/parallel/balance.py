@@ -116,3 +116,13 @@ class SlowedModel:
 
     def __getattr__(self, name):
         return getattr(self.model, name)
+
+
+def make_straggler(trainer, seconds_per_row: float) -> None:
+    """Slow this trainer down by `seconds_per_row` of busy work per row in every forward: its
+    data-parallel wrapper's module (DataParallelTrainer) or its model (any other trainer)."""
+    ddp = getattr(trainer, "ddp", None)
+    if ddp is not None:
+        ddp.module = SlowedModel(ddp.module, seconds_per_row)
+    else:
+        trainer.model = SlowedModel(trainer.model, seconds_per_row)

@@ -15,7 +15,7 @@ def train_variants(variants: list[dict], config: dict, steps: int, batch: int, d
 
     A variant is a dict: name, and optionally overlap (default True), bucket_kb (1024),
     accumulation (1), rows (rows per rank), balance (False), slow ((rank, extra seconds per row):
-    a straggler, `balance.SlowedModel`). Measurements: losses (global mean per step), rows (the
+    a straggler, `balance.make_straggler`). Measurements: losses (global mean per step), rows (the
     split of every step), state (final weights, rank 0),
     events (this rank's timeline on the clock all ranks share; `timeline.normalise` aligns
     them), bytes_sent and messages per step (traffic counters, set-up excluded), by_kind,
@@ -27,7 +27,7 @@ def train_variants(variants: list[dict], config: dict, steps: int, batch: int, d
     from minidist.data import make_task
     from minidist.dist import traffic
     from minidist.model import GPTConfig
-    from minidist.parallel.balance import SlowedModel
+    from minidist.parallel.balance import make_straggler
     from minidist.parallel.data import DataParallelTrainer
     from minidist.runtime import tune_malloc
     from minidist.tensor import default_dtype
@@ -47,7 +47,7 @@ def train_variants(variants: list[dict], config: dict, steps: int, batch: int, d
                                           balance=v.get("balance", False))
             slow = v.get("slow")
             if slow and world.rank == slow[0]:
-                trainer.ddp.module = SlowedModel(trainer.ddp.module, slow[1])
+                make_straggler(trainer, slow[1])
             dist.barrier()
             traffic.reset()  # count the training steps only, not the set-up broadcast
             trainer.timeline.clear()
