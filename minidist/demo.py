@@ -34,9 +34,9 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-from minidist import dist, strategies
+from minidist import comm as dist, strategies
 from minidist.data import make_task
-from minidist.dist import faults, traffic
+from minidist.comm import faults, traffic
 from minidist.model import GPTConfig
 from minidist.runtime import tune_malloc
 from minidist.tensor import set_default_dtype

@@ -22,10 +22,10 @@ Layouts that combine several degrees (DP x TP x PP) are not built yet: a layout 
 """
 from __future__ import annotations
 
-from minidist.parallel.data import DataParallelTrainer
+from minidist.parallel.data_parallel import DataParallelTrainer
 from minidist.parallel.pipeline import PipelineTrainer
 from minidist.parallel.pipeline import check_layout as check_pipeline
-from minidist.parallel.tensor import TensorParallelTrainer, check_tensor_parallel
+from minidist.parallel.tensor_parallel import TensorParallelTrainer, check_tensor_parallel
 from minidist.parallel.zero import ZeroTrainer
 from minidist.train import OptimSettings, SerialTrainer
 

@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from minidist.dist.launch import find_mpiexec
+from minidist.comm.launch import find_mpiexec
 from minidist.model import GPT, GPTConfig
 from minidist.tensor import default_dtype
 

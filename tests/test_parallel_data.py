@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from minidist.data import make_task
-from minidist.dist.launch import find_mpiexec, run
+from minidist.comm.launch import find_mpiexec, run
 from minidist.model import GPTConfig
 from minidist.tensor import default_dtype
 from minidist.train import OptimSettings, SerialTrainer
@@ -39,8 +39,8 @@ def uneven_rows(n):
 
 
 def dp_rank_program(variants):
-    from minidist.dist import get_world, traffic
-    from minidist.parallel.data import DataParallelTrainer
+    from minidist.comm import get_world, traffic
+    from minidist.parallel.data_parallel import DataParallelTrainer
 
     world = get_world()
     out = {}
@@ -255,8 +255,8 @@ def slow_rank_program(slow_rank, seconds_per_row):
     every forward, as if its core were shared): the rows it gets, step by step."""
     import time as clock
 
-    from minidist.dist import get_world
-    from minidist.parallel.data import DataParallelTrainer
+    from minidist.comm import get_world
+    from minidist.parallel.data_parallel import DataParallelTrainer
 
     world = get_world()
     with default_dtype("float64"):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from minidist.data import make_task
-from minidist.dist.launch import RankError, run
+from minidist.comm.launch import RankError, run
 from minidist.model import GPTConfig
 from minidist.parallel.pipeline import check_layout, chunk_layers, partition
 from minidist.parallel.schedules import make_schedule, peak_in_flight
@@ -35,7 +35,7 @@ def interleaved_name(n_layer, v, m):
 
 
 def pp_rank_program(variants, interleaved=()):
-    from minidist.dist import get_world
+    from minidist.comm import get_world
     from minidist.parallel.pipeline import PipelineTrainer
 
     out = {}

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from minidist.data import make_task
-from minidist.dist.launch import run
+from minidist.comm.launch import run
 from minidist.model import GPT, GPTConfig
 from minidist.tensor import default_dtype
 from minidist.train import OptimSettings, SerialTrainer
@@ -165,8 +165,8 @@ def sp_versus_tp(world):
     sent with every all-reduce a ring (forward + backward, so no gradient all-reduce), activation
     bytes of the graph (also with dropout, where both must draw the same masks), and a sequence
     length that does not divide by t, which must fail before any message."""
-    from minidist.dist import traffic
-    from minidist.parallel.tensor import TensorParallelGPT
+    from minidist.comm import traffic
+    from minidist.parallel.tensor_parallel import TensorParallelGPT
     from minidist.parallel.tensor_layers import all_reduce_algorithm
     from minidist.tensor import graph_bytes
 
@@ -195,8 +195,8 @@ def sp_versus_tp(world):
 
 def block_counts(world):
     """All-reduce calls of one forward and one backward, for 1 and 2 blocks: the per-block count."""
-    from minidist.dist import traffic
-    from minidist.parallel.tensor import TensorParallelGPT
+    from minidist.comm import traffic
+    from minidist.parallel.tensor_parallel import TensorParallelGPT
 
     task = make_task("sort", CONFIG["block_size"], seed=0)
     x, y = task.get_batch(0, BATCH)
@@ -216,8 +216,8 @@ def _all_reduce_calls(snapshot):
 
 
 def tp_rank_program():
-    from minidist.dist import get_world, traffic
-    from minidist.parallel.tensor import TensorParallelTrainer, check_tensor_parallel, consolidate_state_dict
+    from minidist.comm import get_world, traffic
+    from minidist.parallel.tensor_parallel import TensorParallelTrainer, check_tensor_parallel, consolidate_state_dict
 
     world = get_world()
     with default_dtype("float64"):
@@ -325,7 +325,7 @@ def test_two_all_reduces_per_block_forward_and_backward(parallel):
 
 
 def test_traffic_per_step_matches_formula(parallel):
-    from minidist.parallel.tensor import traffic_per_step
+    from minidist.parallel.tensor_parallel import traffic_per_step
 
     t, results = parallel
     for variant in VARIANTS:
@@ -345,7 +345,7 @@ def test_traffic_per_step_matches_formula(parallel):
 
 
 def test_parameter_bytes_per_rank(parallel):
-    from minidist.parallel.tensor import parameter_counts
+    from minidist.parallel.tensor_parallel import parameter_counts
 
     t, results = parallel
     for variant in VARIANTS:
@@ -366,7 +366,7 @@ def test_bad_layout_names_the_sizes_before_any_message(parallel):
 
 
 def test_check_names_every_size():
-    from minidist.parallel.tensor import check_tensor_parallel
+    from minidist.parallel.tensor_parallel import check_tensor_parallel
 
     config = GPTConfig(vocab_size=256, n_head=2, n_embd=10)  # 4 x 10 = 40: not divisible by 3
     with pytest.raises(ValueError, match=r"n_head=2, 4\*n_embd=40, vocab_size=256 not divisible by tp=3"):
@@ -418,7 +418,7 @@ def test_sequence_length_not_divisible_fails_before_any_message(parallel):
 
 
 def test_check_names_the_block_size_for_sequence_parallelism():
-    from minidist.parallel.tensor import check_tensor_parallel
+    from minidist.parallel.tensor_parallel import check_tensor_parallel
 
     check_tensor_parallel(GPTConfig(block_size=10), 2, sequence_parallel=True)
     with pytest.raises(ValueError, match=r"sequence parallel: sequence length T=10 is not divisible by tp=4"):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from minidist.data import make_task
-from minidist.dist.launch import run
+from minidist.comm.launch import run
 from minidist.model import GPT, GPTConfig
 from minidist.tensor import default_dtype
 from minidist.train import OptimSettings, SerialTrainer
@@ -20,7 +20,7 @@ STAGES = (1, 2, 3)
 
 
 def zero_rank_program(checkpoint_root):
-    from minidist.dist import get_world, traffic
+    from minidist.comm import get_world, traffic
     from minidist.parallel.zero import ZeroTrainer
 
     world = get_world()

@@ -27,9 +27,9 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-import minidist.dist as dist
-from minidist.dist import cost, faults, traffic
-from minidist.dist.algorithms import chunk_bounds
+import minidist.comm as dist
+from minidist.comm import cost, faults, traffic
+from minidist.comm.algorithms import chunk_bounds
 from minidist.runtime import tune_malloc
 
 DEFAULT_SIZES = ["1K", "4K", "16K", "64K", "256K", "1M", "4M", "16M", "64M"]

@@ -11,7 +11,7 @@ counters) beside the ring formula 2(N-1)/N x gradient bytes.
     python -m minidist.bench dp --dp 2 --slow 1:3  # rank 1 a straggler: 3 ms more per row
 
 How it runs: launch it as ONE ordinary process (not under mpirun). For each N it starts a job
-of N real MPI ranks with `minidist.dist.launch.run` (mpiexec from the virtualenv). Inside the
+of N real MPI ranks with `minidist.comm.launch.run` (mpiexec from the virtualenv). Inside the
 job every variant gets its own trainer, and the variants take turns step by step:
 
     serial (rank 0 trains on all B rows; the other ranks wait asleep, near 0% CPU)
@@ -39,7 +39,7 @@ from collections import Counter
 
 import numpy as np
 
-from minidist.dist.launch import run
+from minidist.comm.launch import run
 
 CONFIG = dict(vocab_size=256, block_size=64, n_layer=4, n_head=4, n_embd=128)
 BATCH = 16
@@ -51,14 +51,14 @@ def rank_program(modes: list[str], steps: int, warmup: int, batch: int, bucket_k
     """Every variant in `modes` on this job's ranks, taking turns step by step.
     Returns {mode: {times: [s per step], bytes_sent, messages (per step), ...}} for this rank.
     `wait` (e.g. {"busy": 0.002} or {"polite": False}) sets `dist.set_wait_policy` on every rank,
-    to measure how the waiting policy of minidist/dist/p2p.py affects the step. `slow` = (rank,
+    to measure how the waiting policy of minidist/comm/p2p.py affects the step. `slow` = (rank,
     seconds per row) makes that rank's every trainer slower (`balance.make_straggler`)."""
-    from minidist import dist
+    from minidist import comm as dist
     from minidist.data import make_task
-    from minidist.dist import traffic
+    from minidist.comm import traffic
     from minidist.model import GPTConfig
     from minidist.parallel.balance import make_straggler
-    from minidist.parallel.data import DataParallelTrainer
+    from minidist.parallel.data_parallel import DataParallelTrainer
     from minidist.runtime import tune_malloc
     from minidist.tensor import default_dtype
     from minidist.train import OptimSettings, SerialTrainer

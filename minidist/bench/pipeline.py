@@ -18,7 +18,7 @@ message costs time, the last stage also runs the LM head and the loss, and the p
 Python overhead of a small micro-batch does not shrink with it. On a 2-core machine with 4
 ranks, two ranks share a core: their compute stretches, so use p = 2 for a clean figure.
 
-`measure(...)` is the rank program; notebooks call it through `minidist.dist.launch.run`.
+`measure(...)` is the rank program; notebooks call it through `minidist.comm.launch.run`.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def measure(schedules=("gpipe", "1f1b"), microbatches=(1, 2, 4, 8), steps: int =
             config: dict | None = None, dtype: str = "float32", virtual_stages: int = 2) -> list[dict]:
     """Rank program: one record per (schedule, m), with this rank's events of the last step and
     its pipeline traffic per step ("messages", "bytes_sent": this rank's, not the sum)."""
-    from minidist.dist import get_world, traffic
+    from minidist.comm import get_world, traffic
     from minidist.parallel.pipeline import PipelineTrainer
     from minidist.tensor import default_dtype
 
@@ -83,7 +83,7 @@ def print_table(records) -> None:
 
 
 def main(argv=None):
-    from minidist.dist import faults, get_world
+    from minidist.comm import faults, get_world
 
     faults.install()
     parser = argparse.ArgumentParser(prog="python -m minidist.bench pipeline", description=__doc__.split("\n")[0])

@@ -14,7 +14,7 @@ gathered units and gradient buckets), and the bytes it sent per step against the
 
 Measured model states exceed the formula by the padding (each unit rounded up to a multiple of
 N elements): a few bytes. `measure(...)` is the rank program notebooks call through
-`minidist.dist.launch.run`.
+`minidist.comm.launch.run`.
 """
 from __future__ import annotations
 
@@ -39,8 +39,8 @@ def traffic_formula(stage: int, n: int, units_numel: list[int], bytes_per_elemen
 def measure(stages=(0, 1, 2, 3), steps: int = 2, batch_size: int = 16, config: dict | None = None,
             dtype: str = "float32") -> list[dict]:
     """Rank program: one record per stage with this rank's memory ledger and traffic per step."""
-    from minidist.dist import get_world, traffic
-    from minidist.parallel.data import DataParallelTrainer
+    from minidist.comm import get_world, traffic
+    from minidist.parallel.data_parallel import DataParallelTrainer
     from minidist.parallel.zero import ZeroTrainer, make_units
     from minidist.model import GPT
     from minidist.tensor import default_dtype
@@ -90,7 +90,7 @@ def main(argv=None) -> int:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
-    from minidist.dist import get_world
+    from minidist.comm import get_world
 
     world = get_world()
     records = measure([int(s) for s in args.stages.split(",")], args.steps, args.batch_size)

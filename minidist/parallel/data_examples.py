@@ -1,8 +1,8 @@
 """Rank programs for chapter 3's notebook: data parallelism runs that report what they measured.
 
-Chapter 3 (数据并行). A notebook is one process; `minidist.dist.launch.run(fn, N, ...)` starts N
+Chapter 3 (数据并行). A notebook is one process; `minidist.comm.launch.run(fn, N, ...)` starts N
 real MPI ranks and calls `fn` on each. Functions that the ranks import by name must live in a
-module, so they live here: each trains a `DataParallelTrainer` (minidist/parallel/data.py) for
+module, so they live here: each trains a `DataParallelTrainer` (minidist/parallel/data_parallel.py) for
 a few steps in one or more variants and returns plain dicts (losses, final weights, the
 timeline of every step, traffic counters, memory), which `run` brings back to the notebook.
 """
@@ -23,12 +23,12 @@ def train_variants(variants: list[dict], config: dict, steps: int, batch: int, d
     """
     import time
 
-    from minidist import dist
+    from minidist import comm as dist
     from minidist.data import make_task
-    from minidist.dist import traffic
+    from minidist.comm import traffic
     from minidist.model import GPTConfig
     from minidist.parallel.balance import make_straggler
-    from minidist.parallel.data import DataParallelTrainer
+    from minidist.parallel.data_parallel import DataParallelTrainer
     from minidist.runtime import tune_malloc
     from minidist.tensor import default_dtype
     from minidist.train import OptimSettings

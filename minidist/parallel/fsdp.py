@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from minidist.dist import all_gather, unchecked
+from minidist.comm import all_gather, unchecked
 from minidist.tensor import Function, Tensor, is_grad_enabled
 
 

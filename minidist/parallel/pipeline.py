@@ -42,8 +42,8 @@ import numpy as np
 
 from minidist import memory
 from minidist.data import accuracy
-from minidist.dist import all_reduce, irecv, isend, sendrecv, wait
-from minidist.dist.world import World, resolve
+from minidist.comm import all_reduce, irecv, isend, sendrecv, wait
+from minidist.comm.world import World, resolve
 from minidist.model import GPT, Block, GPTConfig, init_weights
 from minidist.nn import Dropout, Embedding, LayerNorm, Linear, Module
 from minidist.parallel import schedules as S

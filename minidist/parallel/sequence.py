@@ -37,8 +37,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from minidist.dist import all_gather, all_reduce, reduce_scatter, unchecked
-from minidist.dist.world import World
+from minidist.comm import all_gather, all_reduce, reduce_scatter, unchecked
+from minidist.comm.world import World
 from minidist.nn import Module
 from minidist.tensor import Function
 

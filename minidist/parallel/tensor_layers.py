@@ -47,8 +47,8 @@ import contextlib
 import numpy as np
 
 from minidist import functional as F
-from minidist.dist import all_gather, all_reduce, unchecked
-from minidist.dist.world import World, resolve
+from minidist.comm import all_gather, all_reduce, unchecked
+from minidist.comm.world import World, resolve
 from minidist.nn import Module, Parameter
 from minidist.parallel.sequence import gather_from_sequence_parallel_region, reduce_scatter_to_sequence_parallel_region
 from minidist.tensor import Function, Tensor

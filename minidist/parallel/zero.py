@@ -41,8 +41,8 @@ import math
 import numpy as np
 
 from minidist.data import accuracy
-from minidist.dist import all_gather, all_reduce, collectives, reduce_scatter, unchecked
-from minidist.dist.world import World, resolve
+from minidist.comm import all_gather, all_reduce, collectives, reduce_scatter, unchecked
+from minidist.comm.world import World, resolve
 from minidist.model import GPT, GPTConfig
 from minidist.optim import adamw_update
 from minidist.tensor import graph_bytes

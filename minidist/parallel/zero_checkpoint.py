@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minidist.dist import all_gather, barrier, unchecked
+from minidist.comm import all_gather, barrier, unchecked
 
 FORMAT = "minidist-zero-v1"
 

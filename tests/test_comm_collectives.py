@@ -10,7 +10,7 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from minidist.dist.launch import run
+from minidist.comm.launch import run
 
 SIZES = [1, 2, 3, 4]
 DTYPES = ["float16", "float32", "float64", "int32", "int64"]
@@ -27,9 +27,9 @@ def counts_for(n):
 def check_everything(seed):
     from mpi4py import MPI
 
-    import minidist.dist as dist
-    from minidist.dist import traffic
-    from minidist.dist.algorithms import chunk_bounds
+    import minidist.comm as dist
+    from minidist.comm import traffic
+    from minidist.comm.algorithms import chunk_bounds
 
     comm, w = MPI.COMM_WORLD, dist.get_world()
     n, r = w.size, w.rank
@@ -225,7 +225,7 @@ def traffic_checks(dist, traffic, chunk_bounds, w):
 def other_checks(dist, w, comm, rng):
     import time
 
-    from minidist.dist import p2p
+    from minidist.comm import p2p
 
     n, r, out = w.size, w.rank, {}
     # point-to-point: a ring shift with sendrecv, float16 and int64

@@ -28,8 +28,8 @@ import time
 import numpy as np
 
 from minidist.data import accuracy
-from minidist.dist import all_reduce, broadcast, collectives, unchecked
-from minidist.dist.world import World, resolve
+from minidist.comm import all_reduce, broadcast, collectives, unchecked
+from minidist.comm.world import World, resolve
 from minidist.model import GPT, GPTConfig
 from minidist.parallel.balance import RowBalancer, even_split
 from minidist.tensor import graph_bytes

@@ -1,5 +1,5 @@
 """The traffic counters' cheap path: a collective holds a per-kind Counter and adds to it."""
-from minidist.dist import traffic
+from minidist.comm import traffic
 
 
 def test_counter_is_shared_and_reset_in_place():

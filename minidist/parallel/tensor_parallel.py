@@ -33,8 +33,8 @@ import numpy as np
 
 from minidist import functional as F
 from minidist import memory
-from minidist.dist import all_gather
-from minidist.dist.world import World, resolve
+from minidist.comm import all_gather
+from minidist.comm.world import World, resolve
 from minidist.model import GPTConfig, init_weights
 from minidist.nn import Dropout, Embedding, LayerNorm, Module, ModuleList, Parameter
 from minidist.optim import clip_grad_norm_, set_lr
@@ -275,15 +275,15 @@ def traffic_per_step(config: GPTConfig, batch: int, tp: int, itemsize: int = 4, 
     backward (f before them), the embedding's g and the head's f: 4L + 2. Small ones of B·T
     elements: the loss's max and its two sums (one message), the accuracy's argmax (max, then
     min of int64 ids); and one number for the gradient norm. Bytes per call are those of the
-    algorithm all_reduce picks for that size (`minidist.dist.cost.terms`): with every rank on one
+    algorithm all_reduce picks for that size (`minidist.comm.cost.terms`): with every rank on one
     machine (one_machine=True, as under mpirun here) shared memory, which sends (t-1) x the array
     up to 64 KB and 2(t-1)/t of it above, like the ring; across machines the alpha-beta choice.
 
     sequence_parallel=True: each B·T·C all-reduce becomes one reduce-scatter and one all-gather
     (ring: (t-1)/t of the array each, together a ring all-reduce's bytes), and one all-reduce of
     the replicated parameters' partial gradients is added."""
-    from minidist.dist.collectives import auto_algorithm
-    from minidist.dist.cost import terms
+    from minidist.comm.collectives import auto_algorithm
+    from minidist.comm.cost import terms
 
     seq = config.block_size if seq is None else seq
     n = batch * seq

@@ -8,7 +8,7 @@ to lay out DP x TP x PP.
 
 A `World` wraps two MPI communicators over the same processes:
 
-* `comm`       for the user's own point-to-point messages (`minidist.dist.p2p`), and
+* `comm`       for the user's own point-to-point messages (`minidist.comm.p2p`), and
 * `coll_comm`  a duplicate (`Idup`) used only by the hand-written collectives.
 
 Why two: MPI matches a message by (communicator, source, tag). Keeping the collectives on
@@ -48,7 +48,7 @@ class World:
         call, so it happens lazily inside the first collective (which every rank makes), and
         with the non-blocking `Idup` so that it waits politely and can time out."""
         if self._coll_comm is None:
-            from minidist.dist import p2p
+            from minidist.comm import p2p
 
             comm, req = self.comm.Idup()
             p2p.wait([p2p.Request(req, "coll", -1, -1, 0, "MPI Idup of the communicator (every rank's first collective)", self)])

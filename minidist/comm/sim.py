@@ -5,7 +5,7 @@ do not care who delivers the messages. Here one Python process plays all N ranks
 N copies of the same generator, delivers every posted message by copying bytes, resumes
 every rank whose messages have arrived, and records every rank's buffer after each step.
 
-    from minidist.dist import algorithms as alg, sim
+    from minidist.comm import algorithms as alg, sim
     steps = sim.simulate(alg.all_reduce_ring, [np.full(4, 2**r) for r in range(4)], np.add)
     steps[k][r]     # rank r's array after step k (steps[0] is the start)
 

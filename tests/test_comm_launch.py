@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from minidist.dist.launch import LaunchTimeout, RankError, find_mpiexec, run
+from minidist.comm.launch import LaunchTimeout, RankError, find_mpiexec, run
 
 
 def rank_times(x):
@@ -19,7 +19,7 @@ def explode_while_others_wait():
     import numpy as np
     from mpi4py import MPI
 
-    import minidist.dist as dist
+    import minidist.comm as dist
 
     if MPI.COMM_WORLD.rank == 1:
         raise RuntimeError("rank 1 exploded")
@@ -30,7 +30,7 @@ def wait_for_a_message_never_sent():
     import numpy as np
     from mpi4py import MPI
 
-    import minidist.dist as dist
+    import minidist.comm as dist
 
     if MPI.COMM_WORLD.rank == 0:
         dist.recv(np.zeros(3), src=1, tag=42)
@@ -49,12 +49,12 @@ def test_results_come_back_in_rank_order(capsys):
 
 
 def test_module_function_string_and_notebook_style_functions():
-    assert run("minidist.dist.world:global_rank", 2, timeout=60) == [0, 1]
+    assert run("minidist.comm.world:global_rank", 2, timeout=60) == [0, 1]
 
     def local_program(k):  # like a function defined in a notebook: sent as source
         import numpy as np
 
-        import minidist.dist as dist
+        import minidist.comm as dist
 
         return float(dist.all_reduce(np.full(3, k * (dist.get_rank() + 1.0)))[0])
 
@@ -95,7 +95,7 @@ def mpiexec_python(code, n=2, timeout=60):
 def test_uncaught_exception_under_plain_mpiexec_aborts_with_one_traceback():
     # What the demo and the benchmarks do: faults.install(), then MPI's own blocking Recv on
     # the other ranks, which would hang forever (spinning) without the abort.
-    code = ("import numpy as np; from mpi4py import MPI; from minidist.dist import faults; faults.install()\n"
+    code = ("import numpy as np; from mpi4py import MPI; from minidist.comm import faults; faults.install()\n"
             "if MPI.COMM_WORLD.rank == 1: raise ValueError('bad thing on rank 1')\n"
             "MPI.COMM_WORLD.Recv(np.zeros(1), source=1)\n")
     start = time.perf_counter()
@@ -106,7 +106,7 @@ def test_uncaught_exception_under_plain_mpiexec_aborts_with_one_traceback():
 
 
 def test_fail_is_one_line_and_nonzero_exit():
-    proc = mpiexec_python("from minidist.dist import faults; faults.fail('--dp 3 does not divide 4 ranks')")
+    proc = mpiexec_python("from minidist.comm import faults; faults.fail('--dp 3 does not divide 4 ranks')")
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines()[0] == "error: --dp 3 does not divide 4 ranks"
     assert proc.stderr.count("error:") == 1

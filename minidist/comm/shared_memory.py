@@ -40,9 +40,9 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from minidist.dist import p2p
-from minidist.dist.algorithms import chunk_bounds
-from minidist.dist.world import global_rank
+from minidist.comm import p2p
+from minidist.comm.algorithms import chunk_bounds
+from minidist.comm.world import global_rank
 
 LINE = 64          # one flag per cache line, so raising mine does not disturb my neighbour's
 SMALL = 64 << 10   # up to this size: one handshake, everyone reduces everything

@@ -7,7 +7,7 @@ rank spinning at 100% CPU). So minidist turns an uncaught exception on any rank 
 after printing that rank's traceback (once, each line prefixed by its rank, so it cannot be
 lost among the other ranks' output).
 
-    from minidist.dist import faults
+    from minidist.comm import faults
     faults.install()              # first thing in the demo, the benchmarks, rank programs
 
 The other half of "never hang" is the timeout on every wait (p2p.wait raises CommTimeout,

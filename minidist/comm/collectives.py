@@ -31,9 +31,9 @@ import zlib
 import numpy as np
 from mpi4py import MPI
 
-from minidist.dist import algorithms as alg
-from minidist.dist import cost, p2p, shared_memory, traffic
-from minidist.dist.world import World, resolve
+from minidist.comm import algorithms as alg
+from minidist.comm import cost, p2p, shared_memory, traffic
+from minidist.comm.world import World, resolve
 
 OPS = {"sum": np.add, "avg": np.add, "max": np.maximum, "min": np.minimum}
 

@@ -59,7 +59,7 @@ def terms(collective: str, algorithm: str, n: int, nbytes: float) -> tuple[float
         if algorithm == "ring":
             return 2 * (n - 1), 2 * (n - 1) / n * S, (n - 1) / n * S
         if algorithm == "shared_memory":  # steps are handshakes on flags; bytes are read from others
-            from minidist.dist.shared_memory import SMALL
+            from minidist.comm.shared_memory import SMALL
             if S <= SMALL:
                 return 1, (n - 1) * S, (n - 1) * S
             return 2, 2 * (n - 1) / n * S, (n - 1) / n * S

@@ -1,7 +1,7 @@
 """Point-to-point messages and the polite wait (chapter 02: point-to-point vs collectives).
 
 One idea: a message goes from one rank to another, and the receiver must *wait* for it.
-Everything else in minidist.dist (every collective) is built from the few functions here:
+Everything else in minidist.comm (every collective) is built from the few functions here:
 `isend`/`irecv` post a message and return at once with a `Request`; `wait` blocks until
 requests complete; `send`, `recv` and `sendrecv` are the blocking spellings.
 
@@ -47,8 +47,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from minidist.dist import traffic
-from minidist.dist.world import World, global_rank, resolve
+from minidist.comm import traffic
+from minidist.comm.world import World, global_rank, resolve
 
 
 class CommTimeout(TimeoutError):
@@ -192,7 +192,7 @@ def poll_until(ready, timeout: float | None = None, on_timeout=None, busy: float
 def _raise_timeout(requests, raw, waited):
     pending = [r for r, m in zip(requests, raw) if m != MPI.REQUEST_NULL and not m.Test()]
     what = "; ".join(r.describe() for r in pending) or "requests that completed too late"
-    from minidist.dist.world import get_world
+    from minidist.comm.world import get_world
     r0 = requests[0] if requests else Request(None, "", -1, -1, 0, "", get_world())
     for r in pending:  # withdraw posted receives so MPI can clean up
         if r.op == "recv" and r.peer >= 0:

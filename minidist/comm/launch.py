@@ -3,12 +3,12 @@
 One idea: a notebook or a test is *one* Python process, but a multi-rank program needs N of
 them, started together by MPI's launcher. `run` starts
 
-    <venv>/bin/mpiexec -n N <python> -m minidist.dist.launch <job dir>
+    <venv>/bin/mpiexec -n N <python> -m minidist.comm.launch <job dir>
 
 and every rank calls `fn(*args, **kwargs)`; rank r's return value comes back as `run(...)[r]`.
 
-    from minidist.dist.launch import run
-    sums = run("minidist.dist.examples:ring_sum", 4)          # "module:function", or
+    from minidist.comm.launch import run
+    sums = run("minidist.comm.examples:ring_sum", 4)          # "module:function", or
     sums = run(my_rank_program, 4, 1024, timeout=60)           # a function object
 
 Details that make it robust, in a test or a notebook:
@@ -96,7 +96,7 @@ def run(fn, nprocs: int, *args, timeout: float = 120.0, env: dict | None = None,
         child_env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
         child_env.setdefault("MINIDIST_TIMEOUT", str(max(1.0, 0.8 * timeout)))
         child_env.update(env or {})
-        cmd = [find_mpiexec(), "-n", str(nprocs), sys.executable, "-m", "minidist.dist.launch", str(job)]
+        cmd = [find_mpiexec(), "-n", str(nprocs), sys.executable, "-m", "minidist.comm.launch", str(job)]
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=child_env,
                                 start_new_session=True)  # its own process group: killable as a whole
@@ -150,13 +150,13 @@ def _outputs(job: Path, nprocs: int) -> str:
     return "".join(blocks)
 
 
-# -- the rank side: python -m minidist.dist.launch <job dir> ---------------------------------
+# -- the rank side: python -m minidist.comm.launch <job dir> ---------------------------------
 
 def _load_target(target):
     kind, a, b, root = target
     if kind == "source":
         namespace = {"__name__": "__minidist_job__"}
-        exec(compile(b, f"<function {a} sent by minidist.dist.launch.run>", "exec"), namespace)
+        exec(compile(b, f"<function {a} sent by minidist.comm.launch.run>", "exec"), namespace)
         return namespace[a]
     if root and root not in sys.path:
         sys.path.insert(0, root)
@@ -169,7 +169,7 @@ def _load_target(target):
 def _rank_main(job_dir: str):
     from mpi4py import MPI
 
-    from minidist.dist import faults
+    from minidist.comm import faults
     from minidist.runtime import tune_malloc
 
     tune_malloc()  # as the demo and the benchmarks do: measurements in notebooks agree with them

@@ -1,13 +1,13 @@
 """Every collective algorithm in the in-process simulated world, for 1 to 8 ranks.
 
-The same generator code as under MPI (algorithms.py), run by minidist.dist.sim: fast, so it
+The same generator code as under MPI (algorithms.py), run by minidist.comm.sim: fast, so it
 covers world sizes the MPI tests cannot afford (5, 6, 7, 8) and odd counts, against NumPy.
 """
 import numpy as np
 import pytest
 
-from minidist.dist import algorithms as alg
-from minidist.dist import sim
+from minidist.comm import algorithms as alg
+from minidist.comm import sim
 
 ALL_REDUCE = [alg.all_reduce_naive, alg.all_reduce_tree, alg.all_reduce_recursive_doubling,
               alg.all_reduce_halving_doubling, alg.all_reduce_ring]

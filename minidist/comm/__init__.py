@@ -1,4 +1,4 @@
-"""minidist.dist: processes and messages (chapters 02 and 07).
+"""minidist.comm: processes and messages (chapters 02 and 07).
 
 The communication layer every parallel strategy uses. It moves NumPy arrays and knows
 nothing of models. Read it in this order, one idea per file:
@@ -13,12 +13,12 @@ nothing of models. Read it in this order, one idea per file:
     launch.py       run a function on N real MPI ranks from a test or a notebook
     sim.py          the same algorithms in one process, step by step (for notebooks)
 """
-from minidist.dist.collectives import (CollectiveMismatch, Work, all_gather, all_reduce, all_to_all, barrier,
+from minidist.comm.collectives import (CollectiveMismatch, Work, all_gather, all_reduce, all_to_all, barrier,
                                        broadcast, reduce, reduce_scatter, set_check,
                                        unchecked)
-from minidist.dist.p2p import (CommTimeout, Request, irecv, isend, recv, send, sendrecv, set_wait_policy, wait,
+from minidist.comm.p2p import (CommTimeout, Request, irecv, isend, recv, send, sendrecv, set_wait_policy, wait,
                                wait_policy)
-from minidist.dist.world import World, get_rank, get_world, get_world_size
+from minidist.comm.world import World, get_rank, get_world, get_world_size
 
 __all__ = [
     "World", "get_world", "get_rank", "get_world_size",

@@ -8,7 +8,7 @@ collective. The small consistency check that runs before a collective (see
 `collectives.check_consistent`) uses MPI's own Allgather and is counted separately under
 the kind "check" with its bytes estimated, so it never pollutes a collective's numbers.
 
-    from minidist.dist import traffic
+    from minidist.comm import traffic
     traffic.reset()
     all_reduce(x)
     traffic.snapshot()        # {"all_reduce.ring": {...}, "total": {...}} on this rank
@@ -84,7 +84,7 @@ def gather(group=None) -> list[dict]:
     [{"rank": r, "bytes_sent": ..., "bytes_received": ..., "messages": ...,
       "messages_received": ..., "by_kind": {...}}, ...]. Collective: all ranks must call it.
     Uses MPI's own (pickle) allgather, which is not itself counted."""
-    from minidist.dist.world import resolve
+    from minidist.comm.world import resolve
 
     world = resolve(group)
     snap = snapshot()
