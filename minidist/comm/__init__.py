@@ -18,10 +18,10 @@ from minidist.comm.collectives import (CollectiveMismatch, Work, all_gather, all
                                        unchecked)
 from minidist.comm.p2p import (CommTimeout, Request, irecv, isend, recv, send, sendrecv, set_wait_policy, wait,
                                wait_policy)
-from minidist.comm.world import World, get_rank, get_world, get_world_size
+from minidist.comm.world import VerifiedGroup, World, get_rank, get_world, get_world_size
 
 __all__ = [
-    "World", "get_world", "get_rank", "get_world_size",
+    "World", "VerifiedGroup", "get_world", "get_rank", "get_world_size",
     "send", "recv", "isend", "irecv", "sendrecv", "wait", "Request", "CommTimeout",
     "set_wait_policy", "wait_policy",
     "all_reduce", "reduce", "broadcast", "reduce_scatter", "all_gather", "all_to_all", "barrier",

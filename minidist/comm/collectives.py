@@ -69,12 +69,16 @@ def set_check(enabled: bool) -> bool:
     return old
 
 
+def _checked(group) -> bool:
+    """Whether a call on `group` checks its arguments first: yes, unless the check is off or
+    the group was verified when its strategy was built (`World.verify`)."""
+    return _CHECK[0] and (group is None or group.checked)
+
+
 @contextlib.contextmanager
 def unchecked():
-    """Skip the check inside this block. For a strategy's own calls, whose shapes every rank
-    derives from the same model (checked once when it is built): the check is an extra MPI
-    round trip per call, which doubles the latency of small all-reduces and makes every rank
-    wait for the slowest one twice."""
+    """Skip the check inside this block (benchmarks, and a user's own calls whose arguments
+    agree by construction). Strategies verify their groups instead (`World.verify`)."""
     previous = set_check(False)
     try:
         yield
@@ -255,7 +259,7 @@ def all_reduce(array: np.ndarray, op: str = "sum", group: World | None = None,
     ufunc = _op(op, buf.dtype, "all_reduce")
     if algorithm not in ALL_REDUCE and algorithm != "auto":
         raise ValueError(f"all_reduce: unknown algorithm {algorithm!r}; choose from {sorted(ALL_REDUCE)} or 'auto'")
-    if _CHECK[0]:
+    if _checked(group):
         check_consistent(world, "all_reduce", buf.size, buf.dtype, op)
     finish = (lambda: np.divide(buf, world.size, out=buf)) if op == "avg" else None
     if world.size == 1 or buf.size == 0:
@@ -309,7 +313,7 @@ def reduce(array: np.ndarray, dst: int = 0, op: str = "sum", group: World | None
     world, buf = resolve(group), _flat(array, "reduce")
     ufunc = _op(op, buf.dtype, "reduce")
     _check_root(world, dst, "reduce")
-    if _CHECK[0]:
+    if _checked(group):
         check_consistent(world, "reduce", buf.size, buf.dtype, op, dst)
 
     ctx = steps = None
@@ -325,7 +329,7 @@ def broadcast(array: np.ndarray, src: int = 0, group: World | None = None,
     """Copy rank `src`'s `array` into every rank's `array` (same shape and dtype everywhere)."""
     world, buf = resolve(group), _flat(array, "broadcast")
     _check_root(world, src, "broadcast")
-    if _CHECK[0]:
+    if _checked(group):
         check_consistent(world, "broadcast", buf.size, buf.dtype, "", src)
 
     ctx = steps = None
@@ -350,7 +354,7 @@ def reduce_scatter(array: np.ndarray, op: str = "sum", group: World | None = Non
     elif out.shape != (b - a,) or out.dtype != buf.dtype:
         raise ValueError(f"reduce_scatter: rank {world.rank} needs out of shape {(b - a,)} and dtype "
                          f"{buf.dtype}, got {out.shape} {out.dtype}")
-    if _CHECK[0]:
+    if _checked(group):
         check_consistent(world, "reduce_scatter", buf.size, buf.dtype, op)
 
     ctx = steps = None
@@ -370,7 +374,7 @@ def all_gather(array: np.ndarray, group: World | None = None, out: np.ndarray | 
     world, buf = resolve(group), _flat(array, "all_gather")
     if algorithm != "ring":
         raise ValueError(f"all_gather: unknown algorithm {algorithm!r}; only 'ring'")
-    if out is None or _CHECK[0]:
+    if out is None or _checked(group):
         counts = check_consistent(world, "all_gather", buf.size, buf.dtype, same_count=False)
         total = int(counts.sum())
         bounds = [(int(counts[:r].sum()), int(counts[:r + 1].sum())) for r in range(world.size)]
@@ -407,7 +411,7 @@ def all_to_all(array: np.ndarray, group: World | None = None, out: np.ndarray | 
         out = np.empty(n_out, dtype=buf.dtype)
     elif out.shape != (n_out,) or out.dtype != buf.dtype:
         raise ValueError(f"all_to_all: rank {world.rank} needs out of shape {(n_out,)} {buf.dtype}")
-    if _CHECK[0]:
+    if _checked(group):
         check_consistent(world, "all_to_all", buf.size, buf.dtype)
     ctx = _Ctx(world, "all_to_all.pairwise")
     return _run(ctx, alg.all_to_all_pairwise(ctx, buf, out), out, async_op)
