@@ -13,7 +13,8 @@ nothing of models. Read it in this order, one idea per file:
     launch.py       run a function on N real MPI ranks from a test or a notebook
     sim.py          the same algorithms in one process, step by step (for notebooks)
 """
-from minidist.comm.collectives import (CollectiveMismatch, Work, all_gather, all_reduce, all_to_all, barrier,
+from minidist.comm.collectives import (CollectiveMismatch, Work, all_gather, all_reduce, all_reduce_algorithm,
+                                       all_to_all, barrier, choose_all_reduce,
                                        broadcast, reduce, reduce_scatter, set_check,
                                        unchecked)
 from minidist.comm.p2p import (CommTimeout, Request, irecv, isend, recv, send, sendrecv, set_wait_policy, wait,
@@ -24,6 +25,6 @@ __all__ = [
     "World", "VerifiedGroup", "get_world", "get_rank", "get_world_size",
     "send", "recv", "isend", "irecv", "sendrecv", "wait", "Request", "CommTimeout",
     "set_wait_policy", "wait_policy",
-    "all_reduce", "reduce", "broadcast", "reduce_scatter", "all_gather", "all_to_all", "barrier",
+    "all_reduce", "all_reduce_algorithm", "choose_all_reduce", "reduce", "broadcast", "reduce_scatter", "all_gather", "all_to_all", "barrier",
     "Work", "CollectiveMismatch", "set_check", "unchecked",
 ]

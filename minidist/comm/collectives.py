@@ -249,14 +249,14 @@ def check_consistent(world: World, name: str, count: int, dtype, op: str = "", r
 # -- the collectives -------------------------------------------------------------------------
 
 def all_reduce(array: np.ndarray, op: str = "sum", group: World | None = None,
-               algorithm: str = "auto", async_op: bool = False):
+               algorithm: str | None = None, async_op: bool = False):
     """Reduce `array` over all ranks of `group`, in place; every rank gets the result.
     algorithm: "naive", "tree", "recursive_doubling", "halving_doubling", "ring",
-    "shared_memory" or "auto": shared memory when every rank of the group is on this machine
-    (shared_memory.py), else the message algorithm the alpha-beta model predicts fastest for
-    this size and group (`auto_algorithm`)."""
+    "shared_memory", "auto" (`choose_all_reduce` says what it picks), or None: the process's
+    default, "auto" unless `all_reduce_algorithm(name)` says otherwise."""
     world, buf = resolve(group), _flat(array, "all_reduce")
     ufunc = _op(op, buf.dtype, "all_reduce")
+    algorithm = _DEFAULT_ALGORITHM[0] if algorithm is None else algorithm
     if algorithm not in ALL_REDUCE and algorithm != "auto":
         raise ValueError(f"all_reduce: unknown algorithm {algorithm!r}; choose from {sorted(ALL_REDUCE)} or 'auto'")
     if _checked(group):
@@ -264,16 +264,43 @@ def all_reduce(array: np.ndarray, op: str = "sum", group: World | None = None,
     finish = (lambda: np.divide(buf, world.size, out=buf)) if op == "avg" else None
     if world.size == 1 or buf.size == 0:
         return _run(None, None, array, async_op, finish)
-    shared = None
-    if algorithm == "auto":
-        shared = shared_memory.window_or_none(world)
-        algorithm = "shared_memory" if shared is not None else auto_algorithm(buf.nbytes, world.size)
-    elif algorithm == "shared_memory":
-        shared = shared_memory.window(world)
-    if shared is not None:  # it divides each reduced chunk itself, while the chunk is in cache
-        return _run_in_order(shared, buf, ufunc, array, async_op, average=(op == "avg"))
+    algorithm = choose_all_reduce(algorithm, world, buf.nbytes)
+    if algorithm == "shared_memory":  # it divides each reduced chunk itself, while the chunk is in cache
+        return _run_in_order(shared_memory.window(world), buf, ufunc, array, async_op, average=(op == "avg"))
     ctx = _Ctx(world, _KIND[algorithm])
     return _run(ctx, ALL_REDUCE[algorithm](ctx, buf, ufunc), array, async_op, finish)
+
+
+def choose_all_reduce(algorithm: str, world: World, nbytes: int) -> str:
+    """What algorithm="auto" means, in one place (chapter 7).
+
+    On one machine, the shared-memory window: every rank adds its share straight into the
+    others' memory, no messages at all (shared_memory.py). Across machines, the message
+    algorithm the alpha-beta model (cost.py) predicts fastest for this size and group size
+    (`auto_algorithm`): recursive doubling for small arrays, halving-doubling or the ring for
+    large ones. Every rank computes the same answer from the same numbers."""
+    if algorithm != "auto":
+        return algorithm
+    if shared_memory.window_or_none(world) is not None:
+        return "shared_memory"
+    return auto_algorithm(nbytes, world.size)
+
+
+_DEFAULT_ALGORITHM = ["auto"]
+
+
+@contextlib.contextmanager
+def all_reduce_algorithm(name: str):
+    """`with all_reduce_algorithm("ring"): ...` makes every all-reduce below that names no
+    algorithm (every strategy's) use `name`: how the demo's `--algorithm` runs a strategy over
+    the ring of chapter 7 instead of the shared-memory window."""
+    if name not in ALL_REDUCE and name != "auto":
+        raise ValueError(f"unknown all-reduce algorithm {name!r}; choose from {sorted(ALL_REDUCE)} or 'auto'")
+    previous, _DEFAULT_ALGORITHM[0] = _DEFAULT_ALGORITHM[0], name
+    try:
+        yield
+    finally:
+        _DEFAULT_ALGORITHM[0] = previous
 
 
 def _run_in_order(shared, buf, ufunc, array, async_op, average):
