@@ -18,39 +18,8 @@ import builtins
 
 import numpy as np
 
+from minidist.operands import check_dtypes, operand, unbroadcast
 from minidist.tensor import Function, Tensor, as_array
-
-# ----------------------------------------------------------------------------- helpers
-
-
-def _unbroadcast(grad: np.ndarray, shape: tuple) -> np.ndarray:
-    """Sum a gradient back down to `shape`, undoing NumPy broadcasting in the forward."""
-    if grad.shape == shape:
-        return grad
-    extra = grad.ndim - len(shape)
-    axes = tuple(range(extra)) + tuple(i + extra for i, n in enumerate(shape) if n == 1 and grad.shape[i + extra] != 1)
-    grad = grad.sum(axis=axes, keepdims=True) if axes else grad
-    return grad.reshape(shape)
-
-
-def _operand(x):
-    """A Tensor stays a Tensor; a Python number stays a Python float; arrays become constants."""
-    if isinstance(x, Tensor):
-        return x
-    if isinstance(x, (bool, int, float, np.integer, np.floating)):
-        return float(x)
-    return Tensor(as_array(x))
-
-
-def _check_dtypes(name, a, b):
-    da, db = getattr(a, "dtype", None), getattr(b, "dtype", None)
-    if da is not None and db is not None and da != db and da.kind == "f" and db.kind == "f":
-        raise TypeError(f"{name}: tensors of dtypes {da} and {db}; cast one explicitly (dtypes never change silently)")
-
-
-def _shape(x):
-    return np.shape(x)
-
 
 # ----------------------------------------------------------------------------- arithmetic
 
@@ -58,23 +27,23 @@ def _shape(x):
 class Add(Function):
     @staticmethod
     def forward(ctx, a, b):
-        ctx.shapes = (_shape(a), _shape(b))
+        ctx.shapes = (np.shape(a), np.shape(b))
         return a + b
 
     @staticmethod
     def backward(ctx, g):
-        return _unbroadcast(g, ctx.shapes[0]), _unbroadcast(g, ctx.shapes[1])
+        return unbroadcast(g, ctx.shapes[0]), unbroadcast(g, ctx.shapes[1])
 
 
 class Sub(Function):
     @staticmethod
     def forward(ctx, a, b):
-        ctx.shapes = (_shape(a), _shape(b))
+        ctx.shapes = (np.shape(a), np.shape(b))
         return a - b
 
     @staticmethod
     def backward(ctx, g):
-        return _unbroadcast(g, ctx.shapes[0]), _unbroadcast(-g, ctx.shapes[1])
+        return unbroadcast(g, ctx.shapes[0]), unbroadcast(-g, ctx.shapes[1])
 
 
 class Mul(Function):
@@ -86,8 +55,8 @@ class Mul(Function):
     @staticmethod
     def backward(ctx, g):
         a, b = ctx.saved
-        ga = _unbroadcast(g * b, _shape(a)) if ctx.needs_input_grad[0] else None
-        gb = _unbroadcast(g * a, _shape(b)) if ctx.needs_input_grad[1] else None
+        ga = unbroadcast(g * b, np.shape(a)) if ctx.needs_input_grad[0] else None
+        gb = unbroadcast(g * a, np.shape(b)) if ctx.needs_input_grad[1] else None
         return ga, gb
 
 
@@ -100,15 +69,15 @@ class Div(Function):
     @staticmethod
     def backward(ctx, g):
         a, b = ctx.saved
-        ga = _unbroadcast(g / b, _shape(a)) if ctx.needs_input_grad[0] else None
-        gb = _unbroadcast(-g * a / (b * b), _shape(b)) if ctx.needs_input_grad[1] else None
+        ga = unbroadcast(g / b, np.shape(a)) if ctx.needs_input_grad[0] else None
+        gb = unbroadcast(-g * a / (b * b), np.shape(b)) if ctx.needs_input_grad[1] else None
         return ga, gb
 
 
 def _binary(function, name):
     def op(a, b):
-        a, b = _operand(a), _operand(b)
-        _check_dtypes(name, a, b)
+        a, b = operand(a), operand(b)
+        check_dtypes(name, a, b)
         return function.apply(a, b)
 
     op.__name__ = name
@@ -139,11 +108,13 @@ class Pow(Function):
     @staticmethod
     def backward(ctx, g):
         (x,) = ctx.saved
+        if ctx.p == 0:  # x**0 is constant: its gradient is 0, even at x = 0 (not 0 * 0**-1 = nan)
+            return np.zeros_like(g), None
         return g * (ctx.p * _power(x, ctx.p - 1)), None
 
 
 def _power(x, p):
-    # small integer powers as products: NumPy's x**3 is ~200x slower than x*x*x (measured)
+    # small integer powers as products: NumPy's general power is far slower than x*x*x
     if p == 0:
         return np.ones_like(x)
     if p == 1:
@@ -270,19 +241,19 @@ class MatMul(Function):
         a, b = ctx.saved
         ga = gb = None
         if ctx.needs_input_grad[0]:
-            ga = _unbroadcast(g @ np.swapaxes(b, -1, -2), a.shape)
+            ga = unbroadcast(g @ np.swapaxes(b, -1, -2), a.shape)
         if ctx.needs_input_grad[1]:
             if b.ndim == 2:
                 gb = a.reshape(-1, a.shape[-1]).T @ g.reshape(-1, g.shape[-1])
             else:
-                gb = _unbroadcast(np.swapaxes(a, -1, -2) @ g, b.shape)
+                gb = unbroadcast(np.swapaxes(a, -1, -2) @ g, b.shape)
         return ga, gb
 
 
 def matmul(a, b):
     """Batched matrix product `a @ b` over the last two axes, batch axes broadcast."""
-    a, b = _operand(a), _operand(b)
-    _check_dtypes("matmul", a, b)
+    a, b = operand(a), operand(b)
+    check_dtypes("matmul", a, b)
     return MatMul.apply(a, b)
 
 

@@ -12,7 +12,7 @@ import builtins
 
 import numpy as np
 
-from minidist.functional import _check_dtypes, _operand, _shape, _unbroadcast
+from minidist.operands import check_dtypes, operand, unbroadcast
 from minidist.tensor import Function, Tensor
 
 # ----------------------------------------------------------------------------- shapes
@@ -99,9 +99,9 @@ class Concat(Function):
 
 def concat(tensors, axis=0):
     """Join tensors along an existing axis (torch.cat)."""
-    tensors = [_operand(t) for t in tensors]
+    tensors = [operand(t) for t in tensors]
     for t in tensors[1:]:
-        _check_dtypes("concat", tensors[0], t)
+        check_dtypes("concat", tensors[0], t)
     return Concat.apply(axis, *tensors)
 
 
@@ -136,22 +136,22 @@ def chunk(x, chunks, axis=0):
 class Where(Function):
     @staticmethod
     def forward(ctx, condition, a, b):
-        ctx.condition, ctx.shapes = condition, (_shape(a), _shape(b))
+        ctx.condition, ctx.shapes = condition, (np.shape(a), np.shape(b))
         return np.where(condition, a, b)
 
     @staticmethod
     def backward(ctx, g):
         zero = g.dtype.type(0)
-        ga = _unbroadcast(np.where(ctx.condition, g, zero), ctx.shapes[0])
-        gb = _unbroadcast(np.where(ctx.condition, zero, g), ctx.shapes[1])
+        ga = unbroadcast(np.where(ctx.condition, g, zero), ctx.shapes[0])
+        gb = unbroadcast(np.where(ctx.condition, zero, g), ctx.shapes[1])
         return None, ga, gb
 
 
 def where(condition, a, b):
     """Pick from `a` where `condition` holds, else from `b` (broadcasting all three)."""
     condition = condition.data if isinstance(condition, Tensor) else np.asarray(condition, dtype=bool)
-    a, b = _operand(a), _operand(b)
-    _check_dtypes("where", a, b)
+    a, b = operand(a), operand(b)
+    check_dtypes("where", a, b)
     return Where.apply(condition, a, b)
 
 

@@ -504,3 +504,9 @@ def test_fused_ops_keep_float32():
     loss.backward()
     for p in (x, w, b):
         assert p.grad.dtype == np.float32 and np.isfinite(p.grad).all()
+
+
+def test_gradient_of_power_zero_is_zero_even_at_zero():
+    x = Tensor(np.array([-1.5, 0.0, 2.0]), requires_grad=True)
+    (x ** 0).sum().backward()
+    np.testing.assert_array_equal(x.grad, np.zeros(3))
