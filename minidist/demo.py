@@ -16,7 +16,9 @@ parameters, memory (one entry per rank: bytes of params, grads, optimizer, activ
 comm (one entry per rank: bytes_sent, bytes_received, messages, ...); for pipelines
 `pipeline` (schedule, microbatches, virtual_stages, bubble_measured, bubble_theory,
 peak_activations); with --balance `rows_per_rank` (the split of every step); for the
-tour `tour` (one row per strategy).
+tour `tour` (one row per strategy); `algorithm` (the --algorithm asked for) and
+`all_reduce_algorithms` (those that really ran, e.g. ["shared_memory"] for "auto" on one
+machine; also in every tour row).
 
 Under `mpirun -n N` with no layout flags the demo runs the tour: the serial reference on rank 0
 (the others wait politely, without spinning), then every strategy in `minidist/strategies.py`
@@ -36,9 +38,10 @@ from tqdm import tqdm
 
 from minidist import comm as dist, strategies
 from minidist.data import make_task
-from minidist.comm import faults, traffic
+from minidist.comm import all_reduce_algorithm, faults, traffic
+from minidist.comm.collectives import ALL_REDUCE
 from minidist.model import GPTConfig
-from minidist.runtime import tune_malloc
+from minidist.runtime import limit_threads_per_rank, tune_malloc
 from minidist.tensor import set_default_dtype
 
 
@@ -80,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--naive-dp", action="store_true", help="one blocking all-reduce per parameter after backward")
     p.add_argument("--balance", action="store_true",
                    help="data parallelism: re-split the batch every step by each rank's speed (chapter 3, section 7)")
+    p.add_argument("--algorithm", choices=["auto", *ALL_REDUCE], default="auto",
+                   help="all-reduce algorithm of every strategy (chapter 7); auto: shared memory on one machine")
     p.add_argument("--json", metavar="PATH", help="write the run's measurements as JSON (rank 0)")
     p.add_argument("--save", metavar="PATH.npz", help="write the final weights, keyed by parameter name")
     return p
@@ -102,11 +107,10 @@ def check_args(args, world_size: int):
 def train(args, trainer, task, show: bool) -> dict:
     """The loop every strategy shares: steps, progress bar, log lines with a sample."""
     log_every = args.log_every or max(1, args.steps // 10)
-    losses, accuracies, seconds, splits = [], [], [], []
+    losses, accuracies, seconds = [], [], []
     bar = tqdm(total=args.steps, disable=not show, desc=trainer.name, unit="step", dynamic_ncols=True)
     for step in range(args.steps):
         start = time.perf_counter()
-        splits.append(list(getattr(trainer, "rows", [])))  # rows per rank (data parallelism)
         loss, acc = trainer.step(step)
         seconds.append(time.perf_counter() - start)
         losses.append(loss)
@@ -117,15 +121,12 @@ def train(args, trainer, task, show: bool) -> dict:
             bar.write(f"step {step:4d} | loss {loss:.4f} | acc {acc:.3f} | {sample(trainer, task, step)}")
     bar.close()
     tokens = args.batch_size * args.block_size
-    result = {"losses": losses, "accuracies": accuracies, "step_seconds": seconds,
-              "tokens_per_s": tokens / float(np.median(seconds[1:] if len(seconds) > 1 else seconds))}
-    if getattr(trainer, "balancer", None):
-        result["rows_per_rank"] = splits
-    return result
+    return {"losses": losses, "accuracies": accuracies, "step_seconds": seconds,
+            "tokens_per_s": tokens / float(np.median(seconds[1:] if len(seconds) > 1 else seconds))}
 
 
 def sample(trainer, task, step: int) -> str:
-    model = getattr(trainer, "model", None)
+    model = trainer.model  # None where no rank holds the whole model
     if model is None:
         return ""
     prompt, expected = task.sample_prompt(step)
@@ -136,7 +137,7 @@ def sample(trainer, task, step: int) -> str:
 IDLE = {"params": 0, "grads": 0, "optimizer": 0, "activations": 0, "peak": 0}
 
 
-def run(kind: str, args, config, task, world, show: bool, ranks=None) -> dict:
+def run(kind: str, args, config, task, world, show: bool, ranks=None, with_sample=False) -> dict:
     """Train one strategy on `ranks` (default: all); collective over the whole world."""
     ranks = range(world.size) if ranks is None else ranks
     traffic.reset()
@@ -144,11 +145,15 @@ def run(kind: str, args, config, task, world, show: bool, ranks=None) -> dict:
     if world.rank in ranks:
         trainer = strategies.make_trainer(kind, args, config, task, world)
         result = train(args, trainer, task, show and world.rank == 0)
+        if with_sample and world.rank == 0:
+            result["sample"] = sample(trainer, task, args.steps)
     dist.barrier()  # ranks not taking part wait here, politely polling instead of spinning
     result["memory"] = world.comm.allgather(trainer.memory() if trainer else IDLE)
     result["comm"] = traffic.gather()
-    if hasattr(trainer, "pipeline_report"):
-        result["pipeline"] = trainer.pipeline_report()
+    result["all_reduce_algorithms"] = sorted({kind.split(".", 1)[1] for counts in result["comm"]
+                                              for kind in counts if kind.startswith("all_reduce.")})
+    if trainer:
+        result.update(trainer.report())
     state = trainer.state_dict() if trainer else None  # collective for sharded strategies
     result["state"] = state if world.rank == 0 else None
     result["parameters"] = trainer.num_parameters() if trainer else None
@@ -164,15 +169,20 @@ def tour(args, config, task, world) -> list[dict]:
         world.print0(f"  (skipped {reason})")
     rows, reference = [], None
     for kind, layout, ranks in plan:
-        result = run(kind, args, config, task, world, show=True, ranks=ranks)
+        result = run(kind, args, config, task, world, show=True, ranks=ranks, with_sample=kind == "serial")
         if world.rank == 0:
+            step_seconds = float(np.median(result["step_seconds"][1:] or result["step_seconds"]))
+            print(f"{kind:14s} loss {result['losses'][-1]:.4f}  acc {result['accuracies'][-1]:.3f}  "
+                  f"{step_seconds * 1e3:6.1f} ms/step  all-reduce: {', '.join(result['all_reduce_algorithms']) or '-'}"
+                  + (f"  | sample {result['sample']}" if result.get("sample") else ""), flush=True)
             reference = reference or result["state"]
             diff = max(float(np.max(np.abs(result["state"][k] - reference[k]))) for k in reference)
             rows.append({"strategy": kind, "layout": layout, "final_loss": result["losses"][-1],
                          "max_abs_diff_from_serial": diff,
-                         "step_seconds": float(np.median(result["step_seconds"][1:] or result["step_seconds"])),
+                         "step_seconds": step_seconds,
                          "tokens_per_s": result["tokens_per_s"],
                          "bytes_sent_per_rank": max(c["bytes_sent"] for c in result["comm"]) // args.steps,
+                         "all_reduce_algorithms": result["all_reduce_algorithms"],
                          "peak_bytes_per_rank": max(m["peak"] for m in result["memory"])})
     if world.rank == 0:
         print_table(rows)
@@ -208,22 +218,25 @@ def main(argv=None) -> int:
     tune_malloc()
     world = dist.get_world()
     args = build_parser().parse_args(argv)
+    limit_threads_per_rank(world.comm)
     is_tour = world.size > 1 and args.dp is None and args.tp is None and args.pp is None
     if args.steps is None:
         args.steps = 10 if is_tour else 300
     if args.log_every == 0 and is_tour:
-        args.log_every = args.steps  # the tour: a first and a last line per strategy
+        args.log_every = -1  # the tour: the bars, then one labelled line per strategy
     try:
         config, task, kind, layout = check_args(args, world.size)
     except (ValueError, FileNotFoundError) as error:
         faults.fail(str(error))
     set_default_dtype(args.dtype)
 
-    report = {"world_size": world.size, "layout": layout, "dtype": args.dtype, "config": config.to_dict()}
-    if kind is None:
-        report["tour"] = tour(args, config, task, world)
-        return finish(args, world, report, None)
-    result = run(kind, args, config, task, world, show=True)
+    report = {"world_size": world.size, "layout": layout, "dtype": args.dtype, "config": config.to_dict(),
+              "algorithm": args.algorithm}
+    with all_reduce_algorithm(args.algorithm):  # every strategy's all-reduces, unless it names one
+        if kind is None:
+            report["tour"] = tour(args, config, task, world)
+            return finish(args, world, report, None)
+        result = run(kind, args, config, task, world, show=True)
     if world.rank == 0:
         print(f"done: final loss {result['losses'][-1]:.4f}, accuracy {result['accuracies'][-1]:.3f}, "
               f"{result['tokens_per_s']:.0f} tokens/s", flush=True)

@@ -9,6 +9,7 @@ with the work spread over ranks, and its tests compare its losses and final weig
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from minidist import memory
 from minidist.data import accuracy
@@ -44,7 +45,37 @@ def clip_and_step(optimizer, params, settings: OptimSettings, step: int, total_n
     return norm
 
 
-class SerialTrainer:
+@runtime_checkable
+class Trainer(Protocol):
+    """The face every strategy has, serial or parallel, so one training loop runs them all.
+
+    `step(step)` does one optimizer step on that step's global batch and returns (loss,
+    accuracy), the same numbers on every rank; `memory()` is this rank's ledger (bytes of
+    params, grads, optimizer, activations, peak); `state_dict()` the whole model's weights by
+    the serial model's names (collective for sharded strategies: rank 0 receives them, others
+    None); `num_parameters()` the whole model's count; `report()` what the strategy measured
+    beyond that (a pipeline's bubble, a balanced split), keyed as in the demo's --json; and
+    `model` the whole model when this rank holds it (to sample from), else None.
+
+    A strategy states that it is a Trainer by subclassing it, and inherits the defaults of the
+    last two."""
+
+    name: str
+    model = None
+
+    def step(self, step: int) -> tuple[float, float]: ...
+
+    def memory(self) -> dict: ...
+
+    def state_dict(self) -> dict | None: ...
+
+    def num_parameters(self) -> int: ...
+
+    def report(self) -> dict:
+        return {}
+
+
+class SerialTrainer(Trainer):
     """The whole model on one process: the reference run."""
 
     name = "serial"

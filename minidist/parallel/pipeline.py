@@ -49,7 +49,7 @@ from minidist.nn import Dropout, Embedding, LayerNorm, Linear, Module
 from minidist.parallel import schedules as S
 from minidist.tensor import Tensor, graph_bytes
 from minidist.timeline import Timeline
-from minidist.train import OptimSettings, clip_and_step, make_optimizer
+from minidist.train import OptimSettings, Trainer, clip_and_step, make_optimizer
 
 TIED_TAG = 1 << 20  # above every activation/gradient tag (2 * (micro * p * v + edge) + direction)
 
@@ -154,16 +154,15 @@ class PipelineStage(Module):
         return GPT.head(self, x, targets) if self.has_loss(chunk) else x
 
 
-class PipelineTrainer:
+class PipelineTrainer(Trainer):
     """The serial training step, with the model cut into stages over the ranks of `group`.
 
     `microbatches=1` is naive model parallelism (chapter 4); m > 1 with `schedule` "gpipe" or
     "1f1b" is pipeline parallelism (chapter 5), and "interleaved" with `virtual_stages=v` gives
-    each rank v chunks (m must be a multiple of p; v defaults to 2 there, and must be 1 otherwise). `step` returns the same (loss, accuracy) on every
-    rank; `state_dict` (a collective: call it on every rank) gives rank 0 the whole model.
+    each rank v chunks (m must be a multiple of p; v defaults to 2 there, and must be 1
+    otherwise). `step` returns the same (loss, accuracy) on every rank; `state_dict` (a
+    collective: call it on every rank) gives rank 0 the whole model.
     """
-
-    model = None  # no rank holds the whole model (the demo samples text only from a full one)
 
     def __init__(self, config: GPTConfig, settings: OptimSettings, task, batch_size: int, seed: int = 0,
                  group: World | None = None, microbatches: int = 1, schedule: str = "1f1b",
@@ -343,6 +342,9 @@ class PipelineTrainer:
                 "bubble_theory": S.bubble_theory(self.stages, self.microbatches, self.virtual_stages),
                 "peak_activations": [{"rank": r, "microbatches": c, "bytes": b}
                                      for r, (c, b) in enumerate(zip(self.peak_count, self.peak_bytes))]}
+
+    def report(self) -> dict:
+        return {"pipeline": self.pipeline_report()}
 
     def memory(self) -> dict:
         """This rank's ledger: its stage's params, grads, optimizer, and its peak activations."""
