@@ -12,13 +12,8 @@ and e.g. `comm.allreduce(ndarray, op=MPI.MAX)` fails on them.) Arrays are sent a
 
 Why a *polite* wait. MPICH's blocking calls (`Recv`, `Wait`, `Barrier`) busy-poll: a waiting
 rank burns 100% of a core. On a 2-core machine running 4 ranks, the ranks that wait steal the
-CPU from the rank that computes. Measured on this machine (`python -m minidist.bench
-collectives --wait-demo`, 4 ranks, rank 0 computes while ranks 1-3 wait for its message):
-
-    ranks 1-3 are ...                      rank 0's compute time (best of 3)
-    asleep (nobody competes for a core)    512 ms
-    waiting in MPI's blocking Recv         1029 ms   (they spin: 2x slower)
-    waiting in minidist's polite wait      561 ms
+CPU from the rank that computes and make it about twice as slow (`python -m minidist.bench
+collectives --wait-demo` measures it).
 
 The polite wait polls `Testall()` in three phases: for the first `busy` seconds (5 us) it
 polls flat out, because inside a collective the peer is often just a few microseconds
@@ -27,16 +22,15 @@ nobody else needs the core, quick to notice a message); after that it sleeps, wi
 exponential back-off up to `max_sleep` (1 ms), so a long wait costs next to no CPU. `spin` is
 1 ms when the ranks on this machine outnumber its cores and 50 ms when each has its own
 (`_default_spin`: there, sleeping only adds latency).
+
 Why only 5 us of flat-out polling: with 4 ranks on 2 cores the peer we wait for often shares
-our core and cannot run until we yield; every microsecond spent spinning delays it. Measured
-(all_reduce, best of 8 rounds, 4 ranks): busy = 50 us -> 5 us took 1 KB 471 -> 212 us,
-64 KB 935 -> 394 us, 1 MB 3080 -> 2110 us; at 2 ranks 1 KB 88 -> 42 us on a loaded machine. Every wait
-has a `timeout`: instead of hanging forever it raises `CommTimeout`, naming this rank, the
+our core and cannot run until we yield; every microsecond spent spinning delays it.
+
+Every wait has a `timeout`: instead of hanging forever it raises `CommTimeout`, naming this rank, the
 peer, the tag and what it waited for.
 
 Configure with `set_wait_policy(...)` or the environment variables MINIDIST_WAIT_BUSY,
-MINIDIST_WAIT_SPIN,
-MINIDIST_WAIT_MAX_SLEEP (seconds), MINIDIST_TIMEOUT (seconds, default 300) and
+MINIDIST_WAIT_SPIN, MINIDIST_WAIT_MAX_SLEEP (seconds), MINIDIST_TIMEOUT (seconds, default 300) and
 MINIDIST_POLITE=0 (fall back to MPI's spinning `Waitall`, for comparison).
 """
 from __future__ import annotations
@@ -57,9 +51,8 @@ class CommTimeout(TimeoutError):
 
 def _default_spin() -> float:
     """How long a wait yields the core before it starts to sleep. Sleeping costs latency: the
-    sleeper notices the message up to one back-off interval late. Measured at 2 ranks (rank 0
-    waits 5 ms for rank 1's all_reduce): rank 0 finished 1046 us after rank 1 arrived with
-    1 ms of yielding, 116 us with 50 ms. Yielding costs nothing when every rank has a core of
+    sleeper notices the message up to one back-off interval late (about 1 ms, where 50 ms of
+    yielding notices it within about 0.1 ms). Yielding costs nothing when every rank has a core of
     its own; when ranks outnumber the cores, a rank that yields still takes turns on the core
     its busy neighbour needs, so it should go to sleep soon. MPICH's mpiexec tells each rank
     how many ranks share its machine (MPI_LOCALNRANKS)."""

@@ -49,13 +49,10 @@ SMALL = 64 << 10   # up to this size: one handshake, everyone reduces everything
 # Large arrays go in pieces of 64 KB x N^2 (256 KB on 2 ranks, 1 MB on 4): small enough to stay
 # in the CPU's cache between the copies and the adds, large enough that the handshakes (which
 # grow with N: more ranks must be scheduled on the same cores) stay a small part of each piece.
-# Measured, ours / MPI at 2 ranks, 4 MB and 16 MB: 4 MB pieces 1.04 and 0.87, 256 KB 0.90 and 0.73;
-# at 4 ranks: 4 MB pieces 0.78 and 0.70, 1 MB 0.80 and 0.64, 256 KB 1.04 and 0.81.
 PIECE_PER_RANK_SQUARED = 64 << 10
 ARRIVED, REDUCED = 0, 1
 # Waiting for a flag yields the core at once instead of polling flat out for p2p's 5 us first:
-# the rank that will raise it shares our core as often as not (4 ranks on 2 cores). Measured,
-# 1 KB at 4 ranks (ours / MPI): 1.21-1.93x with 5 us of flat-out polling, 1.13-1.29x without.
+# the rank that will raise it shares our core as often as not (4 ranks on 2 cores).
 BUSY = 0.0
 
 
@@ -94,7 +91,8 @@ class FlagWait:
         self.flags = window.flag_rows[row]
 
     def test(self) -> bool:
-        # min of a memoryview over shared memory: 0.2 us, a NumPy reduction 1.6 us (1 KB all-reduce: ~10 us)
+        # min of a memoryview: several times cheaper than a NumPy reduction on a few flags, and
+        # a small all-reduce polls this many times
         return min(self.flags) >= self.k
 
     def timed_out(self, waited):

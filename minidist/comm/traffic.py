@@ -20,8 +20,8 @@ _FIELDS = ("bytes_sent", "bytes_received", "messages", "messages_received", "cal
 
 
 class Counter:
-    """The counts of one kind. Plain attributes, so counting a message on the hot path of a
-    collective is two integer additions (a dict lookup per field cost ~1 us per call)."""
+    """The counts of one kind. Plain attributes (`__slots__`), so counting a message on the hot
+    path of a collective is two integer additions, not dict lookups (chapter 7)."""
 
     __slots__ = _FIELDS
 
