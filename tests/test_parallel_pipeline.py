@@ -9,13 +9,14 @@ process.
 import numpy as np
 import pytest
 
-from minidist.data import make_task
+from conftest import relative_difference, serial_run
 from minidist.comm.launch import RankError, run
+from minidist.data import make_task
 from minidist.model import GPTConfig
 from minidist.parallel.pipeline import check_layout, chunk_layers, partition
 from minidist.parallel.schedules import make_schedule, peak_in_flight
 from minidist.tensor import default_dtype
-from minidist.train import OptimSettings, SerialTrainer
+from minidist.train import OptimSettings
 
 CONFIG = dict(vocab_size=256, block_size=16, n_layer=4, n_head=2, n_embd=16)
 STEPS, BATCH = 3, 8
@@ -71,12 +72,8 @@ def pp_rank_program(variants, interleaved=()):
 
 
 def serial_reference(tied, n_layer=CONFIG["n_layer"]):
-    with default_dtype("float64"):
-        task = make_task("sort", CONFIG["block_size"], seed=0)
-        trainer = SerialTrainer(GPTConfig(**dict(CONFIG, n_layer=n_layer), tie_weights=tied),
-                                OptimSettings(**SETTINGS), task, BATCH, seed=0)
-        results = [trainer.step(s) for s in range(STEPS)]
-        return results, trainer.state_dict()
+    run_ = serial_run(CONFIG, SETTINGS, BATCH, STEPS, n_layer=n_layer, tie_weights=tied)
+    return run_["steps"], run_["state"]
 
 
 @pytest.fixture(scope="module")
@@ -91,18 +88,13 @@ def parallel(request):
     return n, run(pp_rank_program, n, VARIANTS, INTERLEAVED[n], timeout=240)
 
 
-def relative_difference(a, b):
-    """As in test_parallel_data: relative to max |b|, or 0.01 for parameters whose true gradient
-    is zero (attention's k_proj.bias) and whose values are pure round-off."""
-    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-2))
-
-
 @pytest.mark.parametrize("variant", VARIANTS, ids=name)
 def test_pipeline_equals_serial(serial, parallel, variant):
     n, results = parallel
     serial_results, serial_state = serial[variant[2]]
     full = results[0][name(variant)]["state"]
     assert list(full) == list(serial_state), "rank 0 must hold the whole model, with the serial keys in order"
+    assert len(results) == n
     for rank, result in enumerate(results):
         got = result[name(variant)]
         # losses and accuracies: the same on every rank, equal to serial
@@ -122,6 +114,7 @@ def test_interleaved_equals_serial(serial, parallel):
         serial_results, serial_state = serial[True] if n_layer == CONFIG["n_layer"] else serial["n_layer", n_layer]
         full = results[0][key]["state"]
         assert list(full) == list(serial_state), "rank 0 must hold the whole model, with the serial keys in order"
+        assert len(results) == n
         for rank, result in enumerate(results):
             got = result[key]
             np.testing.assert_allclose(np.array(got["results"]), np.array(serial_results), rtol=1e-9,
