@@ -22,6 +22,7 @@ Layouts that combine several degrees (DP x TP x PP) are not built yet: a layout 
 """
 from __future__ import annotations
 
+from minidist.parallel.balance import BalancedDataParallelTrainer
 from minidist.parallel.data_parallel import DataParallelTrainer
 from minidist.parallel.pipeline import PipelineTrainer
 from minidist.parallel.pipeline import check_layout as check_pipeline
@@ -74,9 +75,9 @@ def make_trainer(kind: str, args, config, task, world):
     if kind == "serial":
         return SerialTrainer(config, settings, task, args.batch_size, **common)
     if kind in ("dp", "dp-naive"):
-        return DataParallelTrainer(config, settings, task, args.batch_size, group=world, overlap=kind == "dp",
-                                   bucket_cap_bytes=args.bucket_kb * 1024, accumulation=args.accumulation,
-                                   balance=getattr(args, "balance", False), **common)
+        trainer = BalancedDataParallelTrainer if getattr(args, "balance", False) else DataParallelTrainer
+        return trainer(config, settings, task, args.batch_size, group=world, overlap=kind == "dp",
+                       bucket_cap_bytes=args.bucket_kb * 1024, accumulation=args.accumulation, **common)
     if kind in ("tp", "tp-sp"):
         return TensorParallelTrainer(config, settings, task, args.batch_size, group=world,
                                      sequence_parallel=kind == "tp-sp", **common)

@@ -10,18 +10,20 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import relative_difference, serial_run
 
 from minidist.data import make_task
 from minidist.comm.launch import find_mpiexec, run
 from minidist.model import GPTConfig
 from minidist.tensor import default_dtype
-from minidist.train import OptimSettings, SerialTrainer
+from minidist.train import OptimSettings
 
 CONFIG = dict(vocab_size=256, block_size=16, n_layer=2, n_head=2, n_embd=16)
 STEPS, BATCH = 3, 24  # 24 rows split evenly for dp = 2, 3, 4 with 1 or 2 accumulation steps
 SETTINGS = dict(lr=1e-2, steps=STEPS, warmup=1, min_lr=1e-3, clip=1.0)
 VARIANTS = [  # (name, overlap, bucket_cap_bytes, accumulation, all-reduce algorithm, split)
     ("naive", False, 1 << 20, 1, "auto", "even"),
+    ("naive, ring as the process default", False, 1 << 20, 1, "default ring", "even"),  # algorithm=None
     ("bucket per parameter", True, 1, 1, "auto", "even"),
     ("medium buckets", True, 4096, 1, "auto", "even"),
     ("one bucket", True, 1 << 30, 1, "ring", "even"),
@@ -39,7 +41,10 @@ def uneven_rows(n):
 
 
 def dp_rank_program(variants):
-    from minidist.comm import get_world, traffic
+    import contextlib
+
+    from minidist.comm import all_reduce_algorithm, get_world, traffic
+    from minidist.parallel.balance import BalancedDataParallelTrainer
     from minidist.parallel.data_parallel import DataParallelTrainer
 
     world = get_world()
@@ -48,16 +53,19 @@ def dp_rank_program(variants):
         task = make_task("sort", CONFIG["block_size"], seed=0)
         for name, overlap, cap, accumulation, algorithm, split in variants:
             traffic.reset()
-            trainer = DataParallelTrainer(GPTConfig(**CONFIG), OptimSettings(**SETTINGS), task, BATCH, seed=0,
-                                          group=world, overlap=overlap, bucket_cap_bytes=cap,
-                                          accumulation=accumulation, algorithm=algorithm,
-                                          rows=uneven_rows(world.size) if split == "uneven" else None,
-                                          balance=split == "balance")
+            kind = BalancedDataParallelTrainer if split == "balance" else DataParallelTrainer
+            by_default = algorithm == "default ring"  # the trainer names no algorithm: the process's default rules
+            trainer = kind(GPTConfig(**CONFIG), OptimSettings(**SETTINGS), task, BATCH, seed=0, group=world,
+                           overlap=overlap, bucket_cap_bytes=cap, accumulation=accumulation,
+                           algorithm=None if by_default else algorithm,
+                           rows=uneven_rows(world.size) if split == "uneven" else None)
             traffic.reset()  # count the steps only, not the initial broadcast and checks
-            losses = [trainer.step(s)[0] for s in range(STEPS)]
+            with all_reduce_algorithm("ring") if by_default else contextlib.nullcontext():
+                losses = [trainer.step(s)[0] for s in range(STEPS)]
             kinds = traffic.snapshot()
             grad_bytes = sum(p.data.nbytes for p in trainer.model.parameters())
-            in_buckets = all(any(np.shares_memory(p.grad, b.buffer) for b in trainer.ddp.buckets)
+            buckets = getattr(trainer.ddp, "buckets", [])  # the naive wrapper has none
+            in_buckets = all(any(np.shares_memory(p.grad, b.buffer) for b in buckets)
                              for p in trainer.model.parameters())
             backward = [(e[2], e[3]) for e in trainer.timeline.events if e[1] == "backward"]
             overlapped = [any(start <= e[2] < end for start, end in backward)
@@ -68,6 +76,8 @@ def dp_rank_program(variants):
                 "grad_bytes": grad_bytes,
                 "all_reduce_bytes_per_step": sum(v["bytes_sent"] for k, v in kinds.items()
                                                  if k.startswith("all_reduce.") and k != "total") / STEPS,
+                "all_reduce_kinds": sorted(k for k, v in kinds.items()
+                                           if k.startswith("all_reduce.") and v["bytes_sent"] > 0),
                 "any_comm_before_backward_ended": any(overlapped),
                 "grads_live_in_buckets": in_buckets,
                 "overlap": overlap,
@@ -76,38 +86,28 @@ def dp_rank_program(variants):
     return out
 
 
-def serial_reference():
-    with default_dtype("float64"):
-        task = make_task("sort", CONFIG["block_size"], seed=0)
-        trainer = SerialTrainer(GPTConfig(**CONFIG), OptimSettings(**SETTINGS), task, BATCH, seed=0)
-        losses = [trainer.step(s)[0] for s in range(STEPS)]
-        return losses, trainer.state_dict()
-
-
 @pytest.fixture(scope="module")
 def serial():
-    return serial_reference()
+    reference = serial_run(CONFIG, SETTINGS, BATCH, STEPS)
+    return reference["losses"], reference["state"]
 
 
 @pytest.fixture(scope="module", params=[2, 3, 4])
 def parallel(request):
-    return request.param, run(dp_rank_program, request.param, VARIANTS, timeout=240)
-
-
-def relative_difference(a, b):
-    """max |a - b| relative to max |b|, or to 0.01 (the weights' scale) for a parameter whose
-    true gradient is zero (attention's k_proj.bias: softmax ignores a shift shared by every key),
-    so that its values are pure round-off, ~1e-15, and a relative comparison means nothing."""
-    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-2))
+    n, results = request.param, run(dp_rank_program, request.param, VARIANTS, timeout=240)
+    assert len(results) == n and all(len(result) == len(VARIANTS) for result in results)
+    return n, results
 
 
 @pytest.mark.parametrize("variant", [v[0] for v in VARIANTS])
 def test_data_parallel_equals_serial(serial, parallel, variant):
     n, results = parallel
     serial_losses, serial_state = serial
+    assert len(results) == n
     for rank, result in enumerate(results):
         got = result[variant]
         np.testing.assert_allclose(got["losses"], serial_losses, rtol=1e-9, err_msg=f"dp={n} rank {rank} {variant}")
+        assert set(got["state"]) == set(serial_state)
         for key, value in serial_state.items():
             diff = relative_difference(got["state"][key], value)
             assert diff <= 1e-9, f"dp={n} rank {rank} {variant}: {key} differs from serial by {diff:.2e}"
@@ -115,6 +115,7 @@ def test_data_parallel_equals_serial(serial, parallel, variant):
 
 def test_replicas_hold_identical_weights(parallel):
     n, results = parallel
+    assert len(results) == n and len(results[0]) == len(VARIANTS)
     for variant in results[0]:
         for rank in range(1, n):
             for key, value in results[0][variant]["state"].items():
@@ -125,6 +126,7 @@ def test_traffic_is_one_ring_all_reduce_of_the_gradient(parallel):
     """Bucketed DP with the ring sends 2(N-1)/N x gradient bytes per rank per step (the "auto"
     choice may pick recursive doubling or halving-doubling for small buckets: test the ring)."""
     n, results = parallel
+    assert len(results) == n
     for result in results:
         got = result["one bucket"]
         expected = 2 * (n - 1) / n * got["grad_bytes"]
@@ -133,11 +135,22 @@ def test_traffic_is_one_ring_all_reduce_of_the_gradient(parallel):
         assert 0 <= sent - expected <= 16 * 2 * n, (n, sent, expected)
 
 
+def test_the_process_default_algorithm_reaches_data_parallel(parallel):
+    """algorithm=None (the default) follows `all_reduce_algorithm`: under ("ring") every
+    all-reduce of the step, gradients and statistics, runs over chapter 7's ring."""
+    n, results = parallel
+    assert len(results) == n
+    for result in results:
+        assert result["naive, ring as the process default"]["all_reduce_kinds"] == ["all_reduce.ring"]
+
+
 def test_bucketed_gradients_live_in_the_buckets(parallel):
     """Backward writes each gradient into its bucket (no copy, no second gradient-sized array),
     so the memory ledger counts the buckets once, as the gradients."""
-    _, results = parallel
+    n, results = parallel
+    assert len(results) == n
     for result in results:
+        assert len(result) == len(VARIANTS)
         for variant, got in result.items():
             assert got["grads_live_in_buckets"] == got["overlap"], variant
             ledger = got["memory"]
@@ -146,7 +159,8 @@ def test_bucketed_gradients_live_in_the_buckets(parallel):
 
 
 def test_bucketed_all_reduce_starts_during_backward(parallel):
-    _, results = parallel
+    n, results = parallel
+    assert len(results) == n
     for result in results:
         assert result["bucket per parameter"]["any_comm_before_backward_ended"]
         assert not result["naive"]["any_comm_before_backward_ended"]
@@ -180,8 +194,8 @@ def test_bench_dp_json_has_speedups_and_the_share_of_the_ceiling(tmp_path):
     assert bench_dp.main(["--dp", "2", "--repeats", "1", "--steps", "2", "--warmup", "1", "--slow", "1:0.5",
                           "--json", str(path)]) == 0
     records = {r["mode"]: r for r in json.loads(path.read_text())}
-    assert all(r["slow"] == {"rank": 1, "ms_per_row": 0.5} for r in records.values())
     assert set(records) == {"serial", "naive", "bucketed", "balanced", "ceiling"}
+    assert all(r["slow"] == {"rank": 1, "ms_per_row": 0.5} for r in records.values())
     for mode in ("naive", "bucketed", "balanced"):
         r = records[mode]
         assert r["speedup_vs_serial"] > 0 and r["bytes_sent_per_rank_per_step"] == pytest.approx(
@@ -250,26 +264,46 @@ def test_uneven_rows_are_slices_of_the_serial_batch():
         shard_rows(10, 0, 3, counts=[5, 5])
 
 
-def slow_rank_program(slow_rank, seconds_per_row):
-    """Data parallelism with balance=True where one rank is made slow on purpose (it sleeps in
-    every forward, as if its core were shared): the rows it gets, step by step."""
-    import time as clock
+def test_balancer_takes_rows_from_a_rank_that_stays_slow():
+    """The balanced layer's loop without MPI: ranks whose seconds grow with their rows, rank 1
+    1.5x slower per row. The split leaves the even one and settles where `balanced_split` says."""
+    from minidist.parallel.balance import RowBalancer, balanced_split
 
+    per_row, fixed = np.array([0.004, 0.006]), np.array([0.005, 0.005])
+    balancer = RowBalancer(16, 2)
+    splits = [list(balancer.rows)]
+    for _ in range(5):
+        splits.append(list(balancer.update(np.array(balancer.rows) * per_row, fixed)))
+    assert len(splits) == 6 and splits[0] == [8, 8]
+    assert splits[-1] == balanced_split(16, list(per_row), list(fixed)) == [10, 6], splits
+    assert all(rows == splits[-1] for rows in splits[1:]), splits  # found at once, then kept
+
+
+FAST, FIXED = 0.001, 0.005  # seconds per row of an ordinary rank, seconds of every rank's optimizer
+
+
+def slow_rank_program(slow_rank, seconds_per_row):
+    """BalancedDataParallelTrainer where one rank reports itself slow. Each rank's measured
+    seconds are replaced by the test's own (its rows x its seconds per row, and FIXED for the
+    optimizer), so the split does not depend on how loaded this machine is: the rows it gets,
+    step by step."""
     from minidist.comm import get_world
-    from minidist.parallel.data_parallel import DataParallelTrainer
+    from minidist.parallel.balance import BalancedDataParallelTrainer
+
+    class ReportedSeconds(BalancedDataParallelTrainer):
+        def forward_backward(self, x, y):
+            means = super().forward_backward(x, y)
+            self.compute_seconds = len(x) * (seconds_per_row if self.world.rank == slow_rank else FAST)
+            return means
+
+        def optimizer_step(self, step):
+            super().optimizer_step(step)
+            self.fixed_seconds = FIXED
 
     world = get_world()
     with default_dtype("float64"):
         task = make_task("sort", CONFIG["block_size"], seed=0)
-        trainer = DataParallelTrainer(GPTConfig(**CONFIG), OptimSettings(**SETTINGS), task, BATCH, seed=0,
-                                      group=world, balance=True)
-        if world.rank == slow_rank:
-            model = trainer.ddp.module
-
-            def slow_forward(x, y):
-                clock.sleep(seconds_per_row * len(x))
-                return model(x, y)
-            trainer.ddp.module = slow_forward
+        trainer = ReportedSeconds(GPTConfig(**CONFIG), OptimSettings(**SETTINGS), task, BATCH, seed=0, group=world)
         rows, losses = [], []
         for s in range(STEPS):
             rows.append(list(trainer.rows))
@@ -279,14 +313,23 @@ def slow_rank_program(slow_rank, seconds_per_row):
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_balancing_takes_rows_from_a_slow_rank_and_still_equals_serial(serial, n):
-    results = run(slow_rank_program, n, n - 1, 0.01, timeout=240)  # the last rank: +10 ms a row
+    from minidist.parallel.balance import RowBalancer
+
+    results = run(slow_rank_program, n, n - 1, 0.01, timeout=240)  # the last rank: 10 ms a row
+    assert len(results) == n
     rows = results[0]["rows"]
-    assert rows[0] == [BATCH // n] * n, rows  # the first step is even: nothing measured yet
+    assert len(rows) == STEPS and rows[0] == [BATCH // n] * n, rows  # the first step is even: nothing measured yet
     assert rows[-1][-1] < BATCH // n and min(rows[-1][:-1]) > BATCH // n, rows
+    per_row = np.array([FAST] * (n - 1) + [0.01])
+    replay = RowBalancer(BATCH, n)  # the same seconds, in this process: the same splits
+    expected = [list(replay.rows)] + [list(replay.update(np.array(replay.rows) * per_row, [FIXED] * n))
+                                      for _ in range(STEPS - 1)]
+    assert rows == expected
     serial_losses, serial_state = serial
     for rank, result in enumerate(results):
         assert result["rows"] == rows  # every rank computed the same split
         np.testing.assert_allclose(result["losses"], serial_losses, rtol=1e-9)
+        assert set(result["state"]) == set(serial_state)
         for key, value in serial_state.items():
             assert relative_difference(result["state"][key], value) <= 1e-9, (n, rank, key)
 

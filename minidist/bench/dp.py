@@ -16,7 +16,8 @@ job every variant gets its own trainer, and the variants take turns step by step
 
     serial (rank 0 trains on all B rows; the other ranks wait asleep, near 0% CPU)
     naive, bucketed (DataParallelTrainer on B/N rows per rank)
-    balanced (bucketed, with the rows re-split every step by each rank's speed: balance.py)
+    balanced (BalancedDataParallelTrainer: bucketed, with the rows re-split every step by each
+        rank's speed, minidist/parallel/balance.py)
     ceiling (N independent serial trainers on B/N rows each, never talking)
 
 so a slow moment of this shared, noisy machine hits every variant alike. A step's time is the
@@ -52,12 +53,13 @@ def rank_program(modes: list[str], steps: int, warmup: int, batch: int, bucket_k
     Returns {mode: {times: [s per step], bytes_sent, messages (per step), ...}} for this rank.
     `wait` (e.g. {"busy": 0.002} or {"polite": False}) sets `dist.set_wait_policy` on every rank,
     to measure how the waiting policy of minidist/comm/p2p.py affects the step. `slow` = (rank,
-    seconds per row) makes that rank's every trainer slower (`balance.make_straggler`)."""
+    seconds per row) makes that rank's every trainer slower (`minidist.lab.stragglers`)."""
     from minidist import comm as dist
     from minidist.data import make_task
     from minidist.comm import traffic
     from minidist.model import GPTConfig
-    from minidist.parallel.balance import make_straggler
+    from minidist.lab.stragglers import make_straggler
+    from minidist.parallel.balance import BalancedDataParallelTrainer
     from minidist.parallel.data_parallel import DataParallelTrainer
     from minidist.runtime import tune_malloc
     from minidist.tensor import default_dtype
@@ -85,9 +87,9 @@ def rank_program(modes: list[str], steps: int, warmup: int, batch: int, bucket_k
                 else:
                     trainers[mode] = TorchTrainer(config, batch, dtype) if world.rank == 0 else None
             else:
-                trainers[mode] = DataParallelTrainer(config, settings, task, batch, seed=0, group=world,
-                                                     overlap=(mode != "naive"), bucket_cap_bytes=bucket_kb * 1024,
-                                                     balance=(mode == "balanced"))
+                kind = BalancedDataParallelTrainer if mode == "balanced" else DataParallelTrainer
+                trainers[mode] = kind(config, settings, task, batch, seed=0, group=world, overlap=(mode != "naive"),
+                                      bucket_cap_bytes=bucket_kb * 1024)
         if slow and world.rank == slow[0]:
             for trainer in trainers.values():
                 if trainer is not None:

@@ -2,9 +2,10 @@
 
 Chapter 3 (数据并行). A notebook is one process; `minidist.comm.launch.run(fn, N, ...)` starts N
 real MPI ranks and calls `fn` on each. Functions that the ranks import by name must live in a
-module, so they live here: each trains a `DataParallelTrainer` (minidist/parallel/data_parallel.py) for
-a few steps in one or more variants and returns plain dicts (losses, final weights, the
-timeline of every step, traffic counters, memory), which `run` brings back to the notebook.
+module, so they live here: each trains a `DataParallelTrainer` (minidist/parallel/data_parallel.py)
+or a `BalancedDataParallelTrainer` (minidist/parallel/balance.py) for a few steps in one or more
+variants and returns plain dicts (losses, final weights, the timeline of every step, traffic
+counters, memory), which `run` brings back to the notebook.
 """
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ def train_variants(variants: list[dict], config: dict, steps: int, batch: int, d
     """Train each variant on this job's ranks; returns {variant name: measurements}.
 
     A variant is a dict: name, and optionally overlap (default True), bucket_kb (1024),
-    accumulation (1), rows (rows per rank), balance (False), slow ((rank, extra seconds per row):
-    a straggler, `balance.make_straggler`). Measurements: losses (global mean per step), rows (the
+    accumulation (1), rows (rows per rank), balance (False: True trains a
+    `BalancedDataParallelTrainer`), slow ((rank, extra seconds per row): a straggler,
+    `minidist.lab.stragglers.make_straggler`). Measurements: losses (global mean per step), rows (the
     split of every step), state (final weights, rank 0),
     events (this rank's timeline on the clock all ranks share; `timeline.normalise` aligns
     them), bytes_sent and messages per step (traffic counters, set-up excluded), by_kind,
@@ -27,7 +29,8 @@ def train_variants(variants: list[dict], config: dict, steps: int, batch: int, d
     from minidist.data import make_task
     from minidist.comm import traffic
     from minidist.model import GPTConfig
-    from minidist.parallel.balance import make_straggler
+    from minidist.lab.stragglers import make_straggler
+    from minidist.parallel.balance import BalancedDataParallelTrainer
     from minidist.parallel.data_parallel import DataParallelTrainer
     from minidist.runtime import tune_malloc
     from minidist.tensor import default_dtype
@@ -40,11 +43,10 @@ def train_variants(variants: list[dict], config: dict, steps: int, batch: int, d
     with default_dtype(dtype):
         task = make_task("sort", config["block_size"], seed=seed)
         for v in variants:
-            trainer = DataParallelTrainer(GPTConfig(**config), settings, task, batch, seed=seed, group=world,
-                                          overlap=v.get("overlap", True),
-                                          bucket_cap_bytes=int(v.get("bucket_kb", 1024) * 1024),
-                                          accumulation=v.get("accumulation", 1), rows=v.get("rows"),
-                                          balance=v.get("balance", False))
+            kind = BalancedDataParallelTrainer if v.get("balance", False) else DataParallelTrainer
+            trainer = kind(GPTConfig(**config), settings, task, batch, seed=seed, group=world,
+                           overlap=v.get("overlap", True), bucket_cap_bytes=int(v.get("bucket_kb", 1024) * 1024),
+                           accumulation=v.get("accumulation", 1), rows=v.get("rows"))
             slow = v.get("slow")
             if slow and world.rank == slow[0]:
                 make_straggler(trainer, slow[1])
@@ -67,7 +69,7 @@ def train_variants(variants: list[dict], config: dict, steps: int, batch: int, d
                 "messages": counts["total"]["messages"] / steps,
                 "by_kind": {k: c["bytes_sent"] / steps for k, c in counts.items() if k != "total"},
                 "grad_bytes": sum(p.data.nbytes for p in trainer.model.parameters()),
-                "num_buckets": len(trainer.ddp.buckets),
+                "num_buckets": len(getattr(trainer.ddp, "buckets", [])),  # the naive wrapper has none
                 "step_seconds": seconds,
                 "memory": trainer.memory(),
             }

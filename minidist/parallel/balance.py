@@ -33,6 +33,8 @@ import time
 
 import numpy as np
 
+from minidist.parallel.data_parallel import DataParallelTrainer
+
 
 def even_split(batch_size: int, world_size: int) -> list[int]:
     return [batch_size // world_size] * world_size
@@ -66,10 +68,8 @@ class RowBalancer:
 
     `smoothing` weighs the newest measurement: a core's slowness lasts several steps here, but
     a single step's time is noisy. `margin`: the split changes only when the model predicts the
-    slowest rank at least that much faster, so that noise does not move rows back and forth.
-    Measured with `bench dp` (dp=2): at 2% the split followed this machine's jitter and the step
-    lost 2-4% against the even split (medians of 11 runs); at 10% it was even or ahead in 4 runs
-    of 5 jobs, and still took rows from a rank made 40% slower (`--slow 1:3`).
+    slowest rank at least that much faster, so that noise does not move rows back and forth
+    (chapter 3, section 7: a smaller margin chases jitter).
     """
 
     def __init__(self, batch_size: int, world_size: int, min_rows: int = 1, smoothing: float = 0.5,
@@ -99,30 +99,50 @@ class RowBalancer:
         return float(np.max(self.fixed + np.asarray(rows) * self.per_row))
 
 
-class SlowedModel:
-    """The model plus `extra` seconds of busy work per row after every forward: a slower device,
-    to show what balancing does against a straggler that stays slow (`bench dp --slow RANK:MS`,
-    notebook 03). Everything but the call is the model's own."""
+class BalancedDataParallelTrainer(DataParallelTrainer):
+    """`DataParallelTrainer` whose split of the batch follows each rank's measured speed.
 
-    def __init__(self, model, extra: float):
-        self.model, self.extra = model, extra
+        trainer = BalancedDataParallelTrainer(config, settings, task, batch_size=16)
+        trainer.step(0)      # rows [8, 8]: nothing measured yet
+        trainer.rows         # e.g. [10, 6] for the next step, when rank 1 was the slow one
 
-    def __call__(self, x, y=None):
-        out = self.model(x, y)
-        end = time.perf_counter() + self.extra * len(x)
-        while time.perf_counter() < end:  # busy, as a slower core would be (sleeping frees the core)
-            pass
-        return out
+    Same arguments as `DataParallelTrainer` (`rows` sets the first step's split); the step is
+    the plain one, with its two phases timed and the seconds added to its closing all-reduce.
+    `report()` gives the split of every step (the demo's `rows_per_rank`).
+    """
 
-    def __getattr__(self, name):
-        return getattr(self.model, name)
+    def __init__(self, config, settings, task, batch_size: int, **kwargs):
+        super().__init__(config, settings, task, batch_size, **kwargs)
+        self.balancer = RowBalancer(batch_size, self.world.size, min_rows=self.accumulation)
+        self.balancer.rows = list(self.rows)
+        self.compute_seconds = self.fixed_seconds = 0.0  # this rank's, in the last step
+        self.splits: list[list[int]] = []  # the rows per rank of every step, for report()
 
+    def step(self, step: int):
+        self.splits.append(list(self.rows))
+        return super().step(step)
 
-def make_straggler(trainer, seconds_per_row: float) -> None:
-    """Slow this trainer down by `seconds_per_row` of busy work per row in every forward: its
-    data-parallel wrapper's module (DataParallelTrainer) or its model (any other trainer)."""
-    ddp = getattr(trainer, "ddp", None)
-    if ddp is not None:
-        ddp.module = SlowedModel(ddp.module, seconds_per_row)
-    else:
-        trainer.model = SlowedModel(trainer.model, seconds_per_row)
+    def report(self) -> dict:
+        return {"rows_per_rank": self.splits}  # the demo's --json key
+
+    def forward_backward(self, x, y) -> tuple[float, float]:
+        started, self.ddp.hook_seconds = time.perf_counter(), 0.0  # the bucketed wrapper's hooks add to it
+        means = super().forward_backward(x, y)
+        # all-reduce work done in backward's hooks is communication, not this rank's speed (section 7)
+        self.compute_seconds = time.perf_counter() - started - self.ddp.hook_seconds
+        return means
+
+    def optimizer_step(self, step: int) -> None:
+        started = time.perf_counter()
+        super().optimizer_step(step)
+        self.fixed_seconds = time.perf_counter() - started
+
+    def sum_over_ranks(self, values: list[float]) -> np.ndarray:
+        """The plain sum, with every rank's seconds riding along: rank r fills slots r, the sum
+        gathers them. Every rank gets the same numbers, so every rank picks the same split."""
+        n, dp, rank = len(values), self.world.size, self.world.rank
+        seconds = np.zeros(2 * dp)
+        seconds[rank], seconds[dp + rank] = self.compute_seconds, self.fixed_seconds
+        totals = super().sum_over_ranks([*values, *seconds])
+        self.rows = self.balancer.update(totals[n:n + dp], totals[n + dp:])
+        return totals[:n]
