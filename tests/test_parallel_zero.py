@@ -6,12 +6,14 @@ serial reference runs here, in the test process, on the same global batches.
 """
 import numpy as np
 import pytest
+from conftest import relative_difference, serial_run
 
+from minidist.comm.cost import zero_bytes_sent
 from minidist.data import make_task
 from minidist.comm.launch import run
 from minidist.model import GPT, GPTConfig
 from minidist.tensor import default_dtype
-from minidist.train import OptimSettings, SerialTrainer
+from minidist.train import OptimSettings
 
 CONFIG = dict(vocab_size=256, block_size=16, n_layer=2, n_head=2, n_embd=16)
 STEPS, BATCH = 3, 12  # 12 rows split evenly for dp = 2, 3, 4
@@ -20,7 +22,7 @@ STAGES = (1, 2, 3)
 
 
 def zero_rank_program(checkpoint_root):
-    from minidist.comm import get_world, traffic
+    from minidist.comm import CollectiveMismatch, get_world, traffic
     from minidist.parallel.zero import ZeroTrainer
 
     world = get_world()
@@ -56,17 +58,27 @@ def zero_rank_program(checkpoint_root):
                 "resumed_loss": resumed_loss,
                 "resumed_state": resumed.state_dict(),
                 "has_model": t.model is not None,
+                "class": type(t).__name__,
+                "name": t.name,
             }
+        try:  # 13 rows cannot be split evenly over 2, 3 or 4 ranks
+            ZeroTrainer(GPTConfig(**CONFIG), OptimSettings(**SETTINGS), task, 13, group=world, stage=2)
+            out["bad_batch"] = None
+        except ValueError as error:
+            out["bad_batch"] = str(error)
+        try:  # every rank seeds its own weights: refused when the trainer is built, on every rank
+            ZeroTrainer(GPTConfig(**CONFIG), OptimSettings(**SETTINGS), task, BATCH, seed=world.rank,
+                        group=world, stage=1)
+            out["mismatch"] = None
+        except CollectiveMismatch as error:
+            out["mismatch"] = str(error)
     return out
 
 
 @pytest.fixture(scope="module")
 def serial():
-    with default_dtype("float64"):
-        task = make_task("sort", CONFIG["block_size"], seed=0)
-        trainer = SerialTrainer(GPTConfig(**CONFIG), OptimSettings(**SETTINGS), task, BATCH, seed=0)
-        losses = [trainer.step(s)[0] for s in range(STEPS)]
-        return losses, trainer.state_dict()
+    reference = serial_run(CONFIG, SETTINGS, BATCH, STEPS)
+    return reference["losses"], reference["state"]
 
 
 @pytest.fixture(scope="module", params=[2, 3, 4])
@@ -75,16 +87,11 @@ def parallel(request, tmp_path_factory):
     return request.param, root, run(zero_rank_program, request.param, str(root), timeout=240)
 
 
-def relative_difference(a, b):
-    """max |a - b| relative to max |b| (or 0.01, the weights' scale, for k_proj.bias whose true
-    gradient is zero: its values are round-off; see tests/test_parallel_data.py)."""
-    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-2))
-
-
 @pytest.mark.parametrize("stage", STAGES)
 def test_zero_equals_serial(serial, parallel, stage):
     n, _, results = parallel
     serial_losses, serial_state = serial
+    assert len(results) == n
     for rank, result in enumerate(results):
         got = result[stage]
         np.testing.assert_allclose(got["losses"], serial_losses, rtol=1e-9, err_msg=f"dp={n} rank {rank} zero{stage}")
@@ -98,6 +105,7 @@ def test_zero_equals_serial(serial, parallel, stage):
 @pytest.mark.parametrize("stage", STAGES)
 def test_resume_from_sharded_checkpoint_is_bit_for_bit(parallel, stage):
     n, _, results = parallel
+    assert len(results) == n
     for rank, result in enumerate(results):
         got = result[stage]
         assert got["resumed_loss"] == got["losses"][-1], (n, rank, stage)
@@ -110,16 +118,14 @@ def test_consolidated_checkpoint_loads_into_the_serial_model(parallel):
     from minidist.parallel.zero_checkpoint import consolidate_checkpoint
 
     n, root, _ = parallel
+    expected = serial_run(CONFIG, SETTINGS, BATCH, STEPS - 1)["state"]
     with default_dtype("float64"):
-        task = make_task("sort", CONFIG["block_size"], seed=0)
-        serial = SerialTrainer(GPTConfig(**CONFIG), OptimSettings(**SETTINGS), task, BATCH, seed=0)
-        for s in range(STEPS - 1):
-            serial.step(s)
         for stage in STAGES:
             state = consolidate_checkpoint(root / f"dp{n}-zero{stage}")
             model = GPT(GPTConfig(**CONFIG))
             model.load_state_dict(state)  # strict: exactly the serial keys and shapes
-            for key, value in serial.state_dict().items():
+            assert len(state) == len(expected)
+            for key, value in expected.items():
                 assert relative_difference(state[key], value) <= 1e-9, (n, stage, key)
 
 
@@ -142,6 +148,7 @@ def test_memory_per_stage_matches_the_formulas(parallel):
     """fp64 AdamW keeps 8 + 8 + 16 bytes per parameter; each stage divides its piles by N
     (of the padded units): stage 1 the optimizer, stage 2 also the gradients, stage 3 all."""
     n, _, results = parallel
+    assert len(results) == n
     for result in results:
         padded = sum(result[1]["padded"]) * 8  # bytes of one full copy, padding included
         for stage in STAGES:
@@ -155,12 +162,31 @@ def test_memory_per_stage_matches_the_formulas(parallel):
         assert result[3]["memory"]["transient"] >= result[3]["memory"]["gathered"]
         states = [sum(result[s]["memory"][k] for k in ("params", "grads", "optimizer")) for s in STAGES]
         assert states[0] > states[1] > states[2]
+        for pile in ("params", "grads", "optimizer"):  # each stage keeps no pile bigger than the last
+            kept = [result[s]["memory"][pile] for s in STAGES]
+            assert kept[0] >= kept[1] >= kept[2], (n, pile, kept)
+
+
+def test_each_stage_is_its_own_class(parallel):
+    """ZeroTrainer(stage=S) builds ZeroSTrainer, named zeroS; a layout that differs between
+    ranks (here: each rank seeds its own weights) or a batch that does not split is refused."""
+    from minidist.parallel.zero import Zero1Trainer, Zero2Trainer, Zero3Trainer
+
+    n, _, results = parallel
+    assert len(results) == n
+    assert issubclass(Zero3Trainer, Zero2Trainer) and issubclass(Zero2Trainer, Zero1Trainer)
+    for result in results:
+        assert [(result[s]["class"], result[s]["name"]) for s in STAGES] == \
+            [("Zero1Trainer", "zero1"), ("Zero2Trainer", "zero2"), ("Zero3Trainer", "zero3")]
+        assert result["mismatch"] is not None and "the ZeRO units differ" in result["mismatch"]
+        assert result["bad_batch"] == f"global batch 13 is not divisible by dp={n}"
 
 
 def test_traffic_stage_1_and_2_equal_data_parallel_stage_3_half_more(parallel):
     """Per rank per step: stages 1-2 reduce-scatter + all-gather = one ring all-reduce,
     2(N-1)/N x S; stage 3 gathers the blocks twice and the root once: (N-1)/N x (2S + S_blocks)."""
     n, _, results = parallel
+    assert len(results) == n
     for result in results:
         padded = result[1]["padded"]
         full, blocks = sum(padded) * 8, sum(padded[1:]) * 8
@@ -169,6 +195,7 @@ def test_traffic_stage_1_and_2_equal_data_parallel_stage_3_half_more(parallel):
             moved = sent.get("reduce_scatter.ring", 0) + sent.get("all_gather.ring", 0)
             expected = (n - 1) / n * (2 * full if stage < 3 else 2 * full + blocks)
             assert moved == pytest.approx(expected, rel=1e-12), (n, stage, sent)
+            assert zero_bytes_sent(stage, n, padded, 8) == pytest.approx(expected, rel=1e-12)
             # and nothing else but the small all-reduces of the norm and the (loss, accuracy)
             others = sum(v for k, v in sent.items() if not k.startswith(("reduce_scatter", "all_gather")))
             assert others <= 2 * 16 * n
@@ -180,3 +207,5 @@ def test_bad_stage_and_batch_are_refused():
     task = make_task("sort", CONFIG["block_size"], seed=0)
     with pytest.raises(ValueError, match="stage must be 1, 2 or 3"):
         ZeroTrainer(GPTConfig(**CONFIG), OptimSettings(**SETTINGS), task, BATCH, stage=0)
+    trainer = ZeroTrainer(GPTConfig(**CONFIG), OptimSettings(**SETTINGS), task, BATCH, stage=3)
+    assert trainer.report() == {} and trainer.model is None  # the face every trainer has (train.Trainer)

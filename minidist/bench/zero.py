@@ -6,7 +6,8 @@ Stage 0 is plain data parallelism (DataParallelTrainer, ring all-reduce). For ea
 trains the demo's GPT for a few float32 steps on the ranks of the job and prints, per rank:
 the model states it keeps (params + grads + AdamW moments) against `memory.model_state_bytes`
 for plain-precision AdamW (4 + 4 + 8 bytes per parameter), the step's peak (adds activations,
-gathered units and gradient buckets), and the bytes it sent per step against the formula:
+gathered units and gradient buckets), and the bytes it sent per step against the formula
+(`comm.cost.zero_bytes_sent`):
 
     stage 0   ring all-reduce                        2 (N-1)/N x 4Ψ
     stage 1-2 reduce-scatter + all-gather            2 (N-1)/N x 4Ψ       (the same)
@@ -22,18 +23,12 @@ import argparse
 import json
 
 from minidist import memory
+from minidist.comm.cost import zero_bytes_sent
 from minidist.data import make_task
 from minidist.model import GPTConfig
 from minidist.train import OptimSettings
 
 DEFAULT_CONFIG = dict(vocab_size=256, block_size=64, n_layer=4, n_head=4, n_embd=128)
-
-
-def traffic_formula(stage: int, n: int, units_numel: list[int], bytes_per_element: int = 4) -> float:
-    """Bytes each rank sends per step: the ring collectives' (N-1)/N x what they move."""
-    full, blocks = sum(units_numel), sum(units_numel[1:])
-    moved = 2 * full if stage < 3 else 2 * full + blocks
-    return (n - 1) / n * moved * bytes_per_element
 
 
 def measure(stages=(0, 1, 2, 3), steps: int = 2, batch_size: int = 16, config: dict | None = None,
@@ -78,7 +73,7 @@ def measure(stages=(0, 1, 2, 3), steps: int = 2, batch_size: int = 16, config: d
                 "bytes_sent_per_step": sent,
                 "collective_bytes_per_step": sum(v for k, v in sent.items()
                                                  if k.split(".")[0] in ("all_reduce", "reduce_scatter", "all_gather")),
-                "traffic_formula": traffic_formula(stage, n, units, itemsize),
+                "traffic_formula": zero_bytes_sent(stage, n, units, itemsize),
             })
     return records
 

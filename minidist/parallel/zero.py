@@ -3,11 +3,7 @@
 Chapter 8. Plain data parallelism (chapter 3) stores the whole model state on every rank:
 parameters, gradients and AdamW's two moments, 16 bytes per parameter in mixed precision. ZeRO
 (Rajbhandari et al., 2020) notices that a rank only *needs* all of it for a moment, and cuts
-each pile into N shards, one per rank — DeepSpeed's three stages:
-
-    stage 1  optimizer states partitioned          each rank updates only the weights it owns
-    stage 2  ... and gradients                     reduce-scatter instead of all-reduce
-    stage 3  ... and parameters                    gather a layer's weights just before use (FSDP)
+each pile into N shards, one per rank — DeepSpeed's three stages.
 
 The partitioner, written here by hand:
 
@@ -18,21 +14,26 @@ The partitioner, written here by hand:
   stage 2 a unit is a gradient bucket; for stage 3 it is what is gathered at once (FSDP's unit).
 - `ShardedAdamW`: the serial AdamW update (`optim.adamw_update`, shared code) applied to the
   owned chunk only, with weight decay decided per element by which parameter it belongs to.
-- `ZeroTrainer`: the serial step (`train.SerialTrainer`) with the work and memory spread out.
 
-One step, per stage (B/N rows of the global batch on each rank):
+The stages, one class each, read in order: each overrides only what its new pile changes, and
+`ZeroTrainer(..., stage=S)` builds stage S. One step (B/N rows of the global batch per rank):
 
-    stage 1: backward fills a full flat gradient buffer -> reduce_scatter(avg) gives each rank
-             its chunk of the mean gradient -> clip, update own chunk -> all_gather parameters
-    stage 2: a unit's reduce_scatter starts as soon as backward completes its gradients (hooks),
-             and its full gradients are dropped at once: only the chunk is kept
-    stage 3: as stage 2, and the parameters themselves live as chunks: see fsdp.py
+    Zero1Trainer  optimizer states partitioned: backward fills a full flat gradient buffer ->
+                  reduce_scatter(avg) gives each rank its chunk of the mean gradient -> clip,
+                  update own chunk -> all_gather parameters
+    Zero2Trainer  ... and gradients: a unit's reduce_scatter starts as soon as backward has
+                  completed its gradients (hooks), and its full gradients are dropped at once
+    Zero3Trainer  ... and parameters: they live as chunks, a unit gathered while used (fsdp.py)
 
 Why stage 1 reduce-scatters rather than all-reduces: a rank updates only its chunk, so only
 its chunk of the *averaged* gradient is needed — an all-reduce is a reduce-scatter followed by
 an all-gather, and the all-gather that matters here is of the updated parameters. So stages 1
 and 2 move exactly what plain data parallelism moves (2(N-1)/N x Ψ per rank); stage 3 gathers
-the parameters twice (forward and backward): about 1.5x.
+the parameters twice (forward and backward): about 1.5x (`comm.cost.zero_bytes_sent`).
+
+On one machine the only all-reduces here (the clipping norm, the logged loss) go through the
+shared-memory window (`algorithm="auto"`, comm/shared_memory.py), while `reduce_scatter` and
+`all_gather`, which carry the model's bytes, are always the hand-written rings (comm/collectives.py).
 """
 from __future__ import annotations
 
@@ -40,11 +41,13 @@ import math
 
 import numpy as np
 
-from minidist.data import accuracy
-from minidist.comm import all_gather, all_reduce, collectives, reduce_scatter, unchecked
+from minidist.comm import all_gather, all_reduce, reduce_scatter
 from minidist.comm.world import World, resolve
+from minidist.data import accuracy
 from minidist.model import GPT, GPTConfig
 from minidist.optim import adamw_update
+from minidist.parallel import zero_checkpoint
+from minidist.parallel.fsdp import FullyShardedGPT
 from minidist.tensor import graph_bytes
 from minidist.train import OptimSettings
 
@@ -73,7 +76,6 @@ class FlatUnit:
         self.padded = -(-self.numel // world_size) * world_size
         self.chunk = self.padded // world_size
         self.lo, self.hi = rank * self.chunk, (rank + 1) * self.chunk
-        self.ready = 0  # gradients completed this backward (stages 2-3)
 
     def flatten(self, arrays) -> np.ndarray:
         """One padded flat buffer holding `arrays` (one per parameter; None counts as zeros)."""
@@ -172,86 +174,163 @@ class ShardedAdamW:
         return sum(m.nbytes + v.nbytes for m, v in zip(self.exp_avg, self.exp_avg_sq))
 
 
-# ----------------------------------------------------------------------------- the trainer
+# ----------------------------------------------------------------------------- stage 1
 
 
-class ZeroTrainer:
-    """The serial training step under ZeRO stage 1, 2 or 3 on a data-parallel group.
+class Zero1Trainer:
+    """ZeRO stage 1: the serial training step with AdamW's moments cut into chunks.
 
-        trainer = ZeroTrainer(config, settings, task, batch_size, group=world, stage=2)
+        trainer = Zero1Trainer(config, settings, task, batch_size, group=world)
         loss, acc = trainer.step(step)      # same numbers on every rank, = the serial run's
         trainer.memory()                    # this rank's live bytes by pile, and the peak
         trainer.state_dict()                # full weights, serial keys (collective: all ranks call)
         trainer.save_checkpoint(dir); trainer.load_checkpoint(dir)   # sharded, atomic
 
-    `.model` is the full GPT for sampling in stages 1-2 (after the all-gather every rank holds
-    all weights); in stage 3 no rank ever holds them all between steps, and `.model` is None.
+    `param_buffers`, `grad_buffers`: what this rank keeps between steps, one per unit — here
+    full flat buffers (parameters and `.grad`s are views into them), so `.model` is the full GPT,
+    for sampling. Later stages keep chunks in the same two lists.
     """
 
+    stage, name = 1, "zero1"
+
     def __init__(self, config: GPTConfig, settings: OptimSettings, task, batch_size: int, seed: int = 0,
-                 group: World | None = None, stage: int = 1):
-        if stage not in (1, 2, 3):
-            raise ValueError(f"ZeRO stage must be 1, 2 or 3, got {stage!r} (stage 0 is plain data parallelism)")
-        self.world = resolve(group)
-        n, rank = self.world.size, self.world.rank
-        if batch_size % n:
-            raise ValueError(f"global batch {batch_size} is not divisible by dp={n}")
-        self.stage, self.name = stage, f"zero{stage}"
+                 group: World | None = None):
+        world = resolve(group)
+        if batch_size % world.size:
+            raise ValueError(f"global batch {batch_size} is not divisible by dp={world.size}")
         self.task, self.batch_size, self.settings, self.config = task, batch_size, settings, config
-        self.live = LiveBytes()
+        self.live = LiveBytes()  # gradient buckets and gathered units, for memory()
         self.activation_bytes = 0
         # Every rank builds the full model from the seed (same numbers as the serial run), then
         # keeps only what its stage needs. Real ZeRO-3 avoids ever materialising it (meta device).
         model = GPT(config, seed=seed)
-        self.units = make_units(model, n, rank)
-        self._check_same_layout(model)
-        if stage < 3:
-            # the parameters become views into one full flat buffer per unit; the owned chunk of
-            # that buffer is what this rank's optimizer updates
-            self.param_buffers = [u.flatten([p.data for p in u.params]) for u in self.units]
-            for u, flat in zip(self.units, self.param_buffers):
-                for p, view in zip(u.params, u.views(flat)):
-                    p.data = view
-            shards = [flat[u.lo:u.hi] for u, flat in zip(self.units, self.param_buffers)]
-            self.model = model
-        else:
-            from minidist.parallel.fsdp import FullyShardedGPT
+        self.units = make_units(model, world.size, world.rank)
+        # chapter 8: ranks that cut the same units from the same weights make matching calls
+        # every step, so the group is checked once here and each collective below is one line
+        self.group = world.verify("the ZeRO units", [
+            self.stage, bool(settings.clip), [(u.name, u.padded, np.dtype(u.dtype).str) for u in self.units],
+            [float(np.sum(p.data, dtype=np.float64)) for p in model.parameters()]])
+        params = self._shard_parameters(model)
+        grads = self._shard_gradients(model)
+        self.optimizer = ShardedAdamW(self.units, params, grads, settings.weight_decay)
 
-            shards = [u.flatten([p.data for p in u.params])[u.lo:u.hi].copy() for u in self.units]
-            self.model = None
-            self.fsdp = FullyShardedGPT(model, self.units, shards, self.world, self.live)
-        self._model = model
-        if stage == 1:  # full gradient buffers, kept: backward accumulates into views of them
-            self.grad_buffers = [np.zeros(u.padded, dtype=u.dtype) for u in self.units]
-            grads = [flat[u.lo:u.hi] for u, flat in zip(self.units, self.grad_buffers)]
-        else:  # only the chunk of the gradient is kept; hooks reduce each unit as it completes
-            grads = [np.zeros(u.chunk, dtype=u.dtype) for u in self.units]
-            self._unit_of = {id(p): u for u in self.units for p in u.params}
-            for p in model.parameters():
-                p.register_post_accumulate_grad_hook(self._grad_ready)
-        self.optimizer = ShardedAdamW(self.units, shards, grads, settings.weight_decay)
+    # -- what this stage keeps (each returns the owned chunks the optimizer updates)
+    def _shard_parameters(self, model) -> list[np.ndarray]:
+        """Full weights, as views into one flat buffer per unit; the owned chunk is updated."""
+        self.model = model
+        self.param_buffers = [u.flatten([p.data for p in u.params]) for u in self.units]
+        for u, flat in zip(self.units, self.param_buffers):
+            for p, view in zip(u.params, u.views(flat)):
+                p.data = view
+        return [flat[u.lo:u.hi] for u, flat in zip(self.units, self.param_buffers)]
 
-    def _check_same_layout(self, model) -> None:
-        """Every rank must cut the same units from the same weights: compare sizes and checksums
-        once here, so the steps can skip the per-call consistency check."""
-        facts = np.array([u.padded for u in self.units]
-                         + [float(np.sum(p.data, dtype=np.float64)) for p in model.parameters()])
-        lowest, highest = facts.copy(), facts.copy()
-        collectives.check_consistent(self.world, "zero layout", facts.size, facts.dtype)
-        all_reduce(lowest, op="min", group=self.world)
-        all_reduce(highest, op="max", group=self.world)
-        if not np.array_equal(lowest, highest):
-            raise RuntimeError(f"ZeRO: ranks built different units or weights (rank {self.world.rank}: "
-                               f"unit sizes {[u.padded for u in self.units]})")
+    def _shard_gradients(self, model) -> list[np.ndarray]:
+        """Full flat gradient buffers, kept: backward accumulates into views of them."""
+        self.grad_buffers = [np.zeros(u.padded, dtype=u.dtype) for u in self.units]
+        return [flat[u.lo:u.hi] for u, flat in zip(self.units, self.grad_buffers)]
 
-    # -- gradients
+    # -- the pieces of a step
+    def _zero_grad(self) -> None:
+        for unit, flat in zip(self.units, self.grad_buffers):
+            flat[...] = 0.0
+            for p, view in zip(unit.params, unit.views(flat)):
+                p.grad = view  # backward's `+=` lands in the flat buffer: no copy needed
+
+    def _forward(self, x, y):
+        return self.model(x, y)
+
+    def _finish_gradients(self) -> None:
+        """Each rank needs only its chunk of the mean gradient: one reduce-scatter per unit."""
+        for unit, flat in zip(self.units, self.grad_buffers):
+            chunk = reduce_scatter(flat, op="avg", group=self.group)  # a chunk-sized temporary
+            self.live.add(chunk.nbytes)
+            flat[unit.lo:unit.hi] = chunk  # the owned part of the buffer now holds the mean
+            self.live.sub(chunk.nbytes)
+
+    def all_gather_parameters(self) -> None:
+        """Every rank needs every updated weight for the next forward: gather the chunks."""
+        for flat, shard in zip(self.param_buffers, self.optimizer.params):
+            all_gather(shard, group=self.group, out=flat)
+
+    def step(self, step: int):
+        """One optimizer step on the global batch; returns (global mean loss, accuracy)."""
+        x, y = self.task.get_batch(step, self.batch_size, self.group.rank, self.group.size)
+        self._zero_grad()
+        logits, loss = self._forward(x, y)
+        if not self.activation_bytes:  # every step builds the same graph: measure it once
+            self.activation_bytes = graph_bytes(loss)
+        loss.backward()
+        self._finish_gradients()
+        if self.settings.clip:
+            self.optimizer.clip_grad_norm_(self.settings.clip, self.group)
+        self.optimizer.step(self.settings.lr_at(step))
+        self.all_gather_parameters()
+        stats = np.array([loss.item(), accuracy(logits.data, y)])
+        all_reduce(stats, op="avg", group=self.group)
+        return float(stats[0]), float(stats[1])
+
+    # -- measurements and state
+    def memory(self) -> dict:
+        """This rank's bytes by pile. `params` and `grads` are what stays allocated between steps;
+        `transient` is the most that gathered units and gradient buckets ever held at once;
+        `peak` adds everything, as pessimistic as memory.ledger."""
+        piles = {"params": sum(a.nbytes for a in self.param_buffers), "grads": sum(a.nbytes for a in self.grad_buffers),
+                 "optimizer": self.optimizer.nbytes(), "activations": int(self.activation_bytes),
+                 "transient": self.live.peak}
+        piles["peak"] = sum(piles.values())
+        return piles
+
+    def num_parameters(self) -> int:
+        return sum(u.numel for u in self.units)
+
+    def state_dict(self) -> dict:
+        """Full weights keyed like the serial model's."""
+        return self.model.state_dict()
+
+    def report(self) -> dict:
+        return {}  # nothing beyond memory() and the traffic counters (train.Trainer)
+
+    def save_checkpoint(self, directory) -> None:
+        zero_checkpoint.save_checkpoint(self, directory)  # sharded: collective, every rank calls it
+
+    def load_checkpoint(self, directory) -> None:
+        zero_checkpoint.load_checkpoint(self, directory)
+
+
+# ----------------------------------------------------------------------------- stage 2
+
+
+class Zero2Trainer(Zero1Trainer):
+    """ZeRO stage 2: stage 1, and the gradients cut into chunks as well.
+
+    `grad_buffers` holds only this rank's chunk of each unit's mean gradient. A gradient hook
+    (`register_post_accumulate_grad_hook`, as in chapter 3's buckets) notices when backward has
+    completed a unit's gradients; the unit is reduce-scattered at once and its full gradients
+    dropped, so at most a unit's worth of full gradients exists at a time.
+    """
+
+    stage, name = 2, "zero2"
+
+    def _shard_gradients(self, model) -> list[np.ndarray]:
+        self.grad_buffers = [np.zeros(u.chunk, dtype=u.dtype) for u in self.units]
+        self._unit_of = {id(p): i for i, u in enumerate(self.units) for p in u.params}
+        self._pending = [len(u.params) for u in self.units]  # gradients each unit still awaits
+        for p in model.parameters():
+            p.register_post_accumulate_grad_hook(self._grad_ready)
+        return self.grad_buffers
+
+    def _zero_grad(self) -> None:
+        self._pending = [len(u.params) for u in self.units]
+        for grad in self.grad_buffers:
+            grad[...] = 0.0
+
     def _grad_ready(self, p) -> None:
-        """Stages 2-3: a parameter's gradient is complete; when its unit's are, reduce the unit."""
+        """A parameter's gradient is complete; when its unit's all are, reduce the unit."""
         self.live.add(p.grad.nbytes)  # the full gradient exists until its unit is reduced
-        unit = self._unit_of[id(p)]
-        unit.ready += 1
-        if unit.ready == len(unit.params):
-            self._reduce_unit(self.units.index(unit))
+        index = self._unit_of[id(p)]
+        self._pending[index] -= 1
+        if self._pending[index] == 0:
+            self._reduce_unit(index)
 
     def _reduce_unit(self, index: int) -> None:
         """Copy the unit's gradients into a flat bucket, reduce_scatter(avg) it so that this rank
@@ -259,95 +338,64 @@ class ZeroTrainer:
         unit = self.units[index]
         bucket = unit.flatten([p.grad for p in unit.params])
         self.live.add(bucket.nbytes)
-        with unchecked():
-            reduce_scatter(bucket, op="avg", group=self.world, out=self.optimizer.grads[index])
+        reduce_scatter(bucket, op="avg", group=self.group, out=self.grad_buffers[index])
         self.live.sub(bucket.nbytes + sum(p.grad.nbytes for p in unit.params if p.grad is not None))
         for p in unit.params:
             p.grad = None
-        unit.ready = -1  # reduced
-        if self.stage == 3:
-            self.fsdp.after_backward(index)
-
-    def _zero_grad(self) -> None:
-        for unit in self.units:
-            unit.ready = 0
-        if self.stage == 1:
-            for unit, flat in zip(self.units, self.grad_buffers):
-                flat[...] = 0.0
-                for p, view in zip(unit.params, unit.views(flat)):
-                    p.grad = view  # backward's `+=` lands in the flat buffer: no copy needed
-        else:
-            for grad in self.optimizer.grads:
-                grad[...] = 0.0
+        self._pending[index] = 0
 
     def _finish_gradients(self) -> None:
-        with unchecked():
-            if self.stage == 1:
-                for unit, flat in zip(self.units, self.grad_buffers):
-                    chunk = reduce_scatter(flat, op="avg", group=self.world)  # a chunk-sized temporary
-                    self.live.add(chunk.nbytes)
-                    flat[unit.lo:unit.hi] = chunk  # the owned part of the buffer now holds the mean
-                    self.live.sub(chunk.nbytes)
-                return
-            for index, unit in enumerate(self.units):  # a unit that got no gradient at all
-                if unit.ready != -1:
-                    self._reduce_unit(index)
+        """Reduce any unit some of whose parameters got no gradient (the hooks never completed it)."""
+        for index, pending in enumerate(self._pending):
+            if pending:
+                self._reduce_unit(index)
 
-    # -- the step
-    def step(self, step: int):
-        """One optimizer step on the global batch; returns (global mean loss, accuracy)."""
-        x, y = self.task.get_batch(step, self.batch_size, self.world.rank, self.world.size)
-        self._zero_grad()
-        forward = self.fsdp if self.stage == 3 else self._model
-        logits, loss = forward(x, y)
-        if not self.activation_bytes:  # every step builds the same graph: measure it once
-            self.activation_bytes = graph_bytes(loss)
-        loss.backward()
-        self._finish_gradients()
-        if self.settings.clip:
-            self.optimizer.clip_grad_norm_(self.settings.clip, self.world)
-        self.optimizer.step(self.settings.lr_at(step))
-        if self.stage < 3:  # every rank needs every updated weight for the next forward
-            with unchecked():
-                for flat, shard in zip(self.param_buffers, self.optimizer.params):
-                    all_gather(shard, group=self.world, out=flat)
-        stats = np.array([loss.item(), accuracy(logits.data, y)])
-        all_reduce(stats, op="avg", group=self.world)
-        return float(stats[0]), float(stats[1])
 
-    # -- measurements and state
+# ----------------------------------------------------------------------------- stage 3
+
+
+class Zero3Trainer(Zero2Trainer):
+    """ZeRO stage 3: stage 2, and the parameters cut into chunks too (FSDP, fsdp.py).
+
+    `param_buffers` holds only this rank's chunk of each unit's weights. `FullyShardedGPT` runs
+    the model, gathering a unit just before its forward and its backward and releasing it after;
+    no rank ever holds every weight between steps, so `.model` is None and `state_dict()` is
+    collective. `memory()` adds `gathered`: the most full weights alive at once (root + a block).
+    """
+
+    stage, name = 3, "zero3"
+
+    def _shard_parameters(self, model) -> list[np.ndarray]:
+        self.model = None
+        self.param_buffers = [u.flatten([p.data for p in u.params])[u.lo:u.hi].copy() for u in self.units]
+        self.gathered = LiveBytes()  # full weights alive at once, for memory()
+        self.fsdp = FullyShardedGPT(model, self.units, self.param_buffers, self.group, (self.live, self.gathered))
+        return self.param_buffers
+
+    def _forward(self, x, y):
+        return self.fsdp(x, y)
+
+    def _finish_gradients(self) -> None:
+        super()._finish_gradients()
+        self.fsdp.finish_backward()  # the root unit is kept gathered until backward is over
+
+    def all_gather_parameters(self) -> None:
+        """Nothing to gather: stage 3 keeps only the chunks; units are gathered when used."""
+
     def memory(self) -> dict:
-        """This rank's bytes by pile. `params` and `grads` are what stays allocated between steps
-        (stage 3: the parameter chunks); `transient` is the most that gathered units and gradient
-        buckets ever held at once; `peak` adds everything, as pessimistic as memory.ledger."""
-        if self.stage < 3:
-            params = sum(flat.nbytes for flat in self.param_buffers)
-        else:
-            params = sum(shard.nbytes for shard in self.optimizer.params)
-        grads = sum(flat.nbytes for flat in self.grad_buffers) if self.stage == 1 else \
-            sum(g.nbytes for g in self.optimizer.grads)
-        piles = {"params": params, "grads": grads, "optimizer": self.optimizer.nbytes(),
-                 "activations": int(self.activation_bytes), "transient": self.live.peak}
-        piles["peak"] = sum(piles.values())
-        if self.stage == 3:  # the most full weights alive at once: root + one block, not the model
-            piles["gathered"] = self.fsdp.gathered_peak
-        return piles
-
-    def num_parameters(self) -> int:
-        return sum(u.numel for u in self.units)
+        return dict(super().memory(), gathered=self.gathered.peak)
 
     def state_dict(self) -> dict:
-        """Full weights keyed like the serial model's. Collective in stage 3 (call on all ranks)."""
-        if self.stage < 3:
-            return self._model.state_dict()
+        """Full weights keyed like the serial model's. Collective: call it on every rank."""
         return self.fsdp.full_state_dict()
 
-    def save_checkpoint(self, directory) -> None:
-        from minidist.parallel.zero_checkpoint import save_checkpoint
 
-        save_checkpoint(self, directory)
+STAGES = {1: Zero1Trainer, 2: Zero2Trainer, 3: Zero3Trainer}
 
-    def load_checkpoint(self, directory) -> None:
-        from minidist.parallel.zero_checkpoint import load_checkpoint
 
-        load_checkpoint(self, directory)
+def ZeroTrainer(config: GPTConfig, settings: OptimSettings, task, batch_size: int, seed: int = 0,
+                group: World | None = None, stage: int = 1) -> Zero1Trainer:
+    """The trainer of ZeRO stage `stage` (1, 2 or 3): `ZeroTrainer(..., stage=2)` is a Zero2Trainer."""
+    if stage not in STAGES:
+        raise ValueError(f"ZeRO stage must be 1, 2 or 3, got {stage!r} (stage 0 is plain data parallelism)")
+    return STAGES[stage](config, settings, task, batch_size, seed=seed, group=group)

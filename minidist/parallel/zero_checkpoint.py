@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minidist.comm import all_gather, barrier, unchecked
+from minidist.comm import barrier
 
 FORMAT = "minidist-zero-v1"
 
@@ -47,7 +47,7 @@ def _atomic_write(path: Path, write) -> None:
 
 def layout_of(trainer) -> dict:
     return {
-        "format": FORMAT, "dp": trainer.world.size, "stage": trainer.stage,
+        "format": FORMAT, "dp": trainer.group.size, "stage": trainer.stage,
         "dtype": np.dtype(trainer.units[0].dtype).name, "config": trainer.config.to_dict(),
         "units": [{"name": u.name, "numel": u.numel, "padded": u.padded,
                    "params": [[n, list(s)] for n, s in zip(u.names, u.shapes)]} for u in trainer.units],
@@ -56,7 +56,7 @@ def layout_of(trainer) -> dict:
 
 def save_checkpoint(trainer, directory) -> None:
     directory = Path(directory)
-    world, opt = trainer.world, trainer.optimizer
+    world, opt = trainer.group, trainer.optimizer
     if world.rank == 0:
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "layout.json").unlink(missing_ok=True)  # incomplete until written again
@@ -103,7 +103,7 @@ def check_layout(saved: dict, mine: dict, directory) -> None:
 
 
 def load_checkpoint(trainer, directory) -> None:
-    world, opt = trainer.world, trainer.optimizer
+    world, opt = trainer.group, trainer.optimizer
     saved = read_layout(directory)
     check_layout(saved, layout_of(trainer), directory)
     with np.load(Path(directory) / _shard_name(world.rank, world.size)) as shard:
@@ -112,10 +112,7 @@ def load_checkpoint(trainer, directory) -> None:
             opt.exp_avg[u][...] = shard[f"exp_avg.{u}"]
             opt.exp_avg_sq[u][...] = shard[f"exp_avg_sq.{u}"]
         opt.step_count = int(shard["step"])
-    if trainer.stage < 3:  # the full weights every rank keeps, rebuilt from the chunks
-        with unchecked():
-            for shard, flat in zip(opt.params, trainer.param_buffers):
-                all_gather(shard, group=world, out=flat)
+    trainer.all_gather_parameters()  # stages 1-2 keep the full weights: rebuilt from the chunks
     barrier(world)
 
 
