@@ -3,14 +3,17 @@
 Chapter 1. Times forward + backward + AdamW step of the demo model (vocab 256, block 64,
 n_embd 128, 4 layers, 4 heads, batch 16) in float32 and float64 and prints, side by side:
 
-- minidist's step: median over the timed steps after warm-up, and tokens/s;
+- minidist's step on each kernel path (`minidist.kernels`): fast, and plain (fused.py's
+  formulas as written): median over the timed steps after warm-up, and tokens/s;
 - the floor: the same matrix multiplications (every GEMM of forward and backward) done
   directly in NumPy, with nothing else — no framework can beat that on these BLAS calls;
 - PyTorch's eager CPU step on the same model, when torch is installed (it is never a
   dependency of minidist: `pip install torch` to see it);
 - where minidist's time goes, per operation (`minidist.tensor.profile`).
 
-The three are timed in turns, step after step, so that they share the machine's conditions.
+All are timed in turns, step after step, so that they share the machine's conditions. The JSON
+record's "seconds", "tokens_per_s" and "ops" are those of the path named in "kernels" (fast,
+unless only plain is timed); "plain_seconds" is the plain path's step (null when not timed).
 
 Run it with one BLAS thread (OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1): that is how ranks run.
 """
@@ -22,6 +25,7 @@ import time
 
 import numpy as np
 
+from minidist.kernels import kernels
 from minidist.model import GPT, GPTConfig
 from minidist.optim import AdamW
 from minidist.runtime import tune_malloc
@@ -68,6 +72,15 @@ def minidist_step(config, batch_size, dtype):
         optimizer.step()
 
     return step, model, optimizer
+
+
+def on_path(path, step):
+    """`step` run on the kernel path `path` ("plain" or "fast")."""
+    def run():
+        with kernels(path):
+            step()
+
+    return run
 
 
 def matmul_floor(config, batch_size, dtype):
@@ -121,34 +134,47 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=20, help="timed steps (median reported)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--dtype", choices=["float32", "float64", "both"], default="both")
+    parser.add_argument("--kernels", choices=["fast", "plain", "both"], default="both",
+                        help="which kernel path(s) of minidist to time (minidist.kernels)")
     parser.add_argument("--no-torch", action="store_true", help="skip PyTorch even when installed")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
     tune_malloc()
     dtypes = ["float32", "float64"] if args.dtype == "both" else [args.dtype]
+    paths = ["fast", "plain"] if args.kernels == "both" else [args.kernels]
     tokens = BATCH * CONFIG.block_size
     records = []
     for dtype in dtypes:
-        step, model, _ = minidist_step(CONFIG, BATCH, dtype)
-        contenders = {"minidist": step, "floor": matmul_floor(CONFIG, BATCH, dtype)}
+        built = {path: minidist_step(CONFIG, BATCH, dtype) for path in paths}  # (step, model, optimizer)
+        steps = {path: on_path(path, built[path][0]) for path in paths}
+        model = built[paths[0]][1]
+        contenders = {**steps, "floor": matmul_floor(CONFIG, BATCH, dtype)}
         torch_fn = None if args.no_torch else torch_step(CONFIG, BATCH, dtype)
         if torch_fn:
             contenders["torch"] = torch_fn
         medians = interleaved_medians(contenders, args.steps, args.warmup)
-        ours, floor, theirs = medians["minidist"], medians["floor"], medians.get("torch")
+        main_path = paths[0]  # fast, unless only plain is timed
+        ours, floor, theirs = medians[main_path], medians["floor"], medians.get("torch")
         with profile() as ops:
-            step()
+            steps[main_path]()
         record = {"benchmark": "step", "dtype": dtype, "batch": BATCH, "tokens": tokens,
                   "parameters": model.num_parameters(), "seconds": ours, "tokens_per_s": tokens / ours,
                   "matmul_floor_seconds": floor, "torch_seconds": theirs,
-                  "ops": {k: {"forward": v[0], "backward": v[1], "calls": v[2]} for k, v in ops.items()}}
+                  "ops": {k: {"forward": v[0], "backward": v[1], "calls": v[2]} for k, v in ops.items()},
+                  "kernels": main_path, "plain_seconds": medians.get("plain")}
         records.append(record)
-        print(f"\n{dtype}: minidist {ours * 1e3:7.1f} ms/step ({tokens / ours:,.0f} tokens/s)")
-        print(f"         matmul floor {floor * 1e3:7.1f} ms   minidist / floor = {ours / floor:.2f}x")
+        print(f"\n{dtype}:")
+        for path in paths:
+            seconds = medians[path]
+            print(f"         minidist {path:5s} {seconds * 1e3:7.1f} ms/step ({tokens / seconds:,.0f} tokens/s)")
+        print(f"         matmul floor   {floor * 1e3:7.1f} ms   "
+              + "   ".join(f"minidist {path} / floor = {medians[path] / floor:.2f}x" for path in paths))
         if theirs:
-            print(f"         PyTorch      {theirs * 1e3:7.1f} ms   minidist / PyTorch = {ours / theirs:.2f}x")
+            print(f"         PyTorch        {theirs * 1e3:7.1f} ms   "
+                  + "   ".join(f"minidist {path} / PyTorch = {medians[path] / theirs:.2f}x" for path in paths))
         else:
-            print("         PyTorch      (not installed: pip install torch to compare)")
+            print("         PyTorch        (not installed: pip install torch to compare)")
+        print(f"         where the {main_path} path's time goes:")
         total = sum(v[0] + v[1] for v in ops.values())
         print(f"         {'operation':28s} {'forward':>9s} {'backward':>9s} {'share':>6s}")
         for name, (fwd, bwd, calls) in sorted(ops.items(), key=lambda kv: -(kv[1][0] + kv[1][1]))[:10]:

@@ -1,0 +1,289 @@
+"""The fast path: fused.py's operations tuned for the CPU's memory traffic, with the same numbers.
+
+Chapter 1. `minidist.kernels` runs these unless told "plain" (fused.py's formulas, which a
+learner should read first). Each class here subclasses its plain twin of the same name and
+keeps its formula; tests/test_kernels.py holds the two paths to the same numbers. Operations
+whose plain form is already as fast (Linear: its time is in BLAS; Softmax, LogSoftmax and
+Dropout: not in the training step's hot path) are the plain classes themselves.
+
+Memory traffic decides the speed of these operations more than arithmetic does, and the tricks
+are three:
+
+- Write over arrays the operation owns: writing into a fresh array costs about twice a pass over
+  memory just used (the CPU reads each new cache line before writing it). Backward may overwrite
+  what its own forward saved, because the engine runs backward once per graph and then frees it.
+- Run a chain of elementwise passes block by block through the CPU cache (`_blocks`) instead of
+  streaming whole arrays from main memory once per pass.
+- Leave NumPy's slow paths: a matrix-vector product for row means (BLAS gemv), and a masked
+  (`where=`) causal softmax, as float64 exp slows down on -inf inputs.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from minidist import fused
+from minidist.fused import _GELU_C, _dropout_mask
+from minidist.fused import Dropout, Linear, LogSoftmax, Softmax  # noqa: F401  (shared: the plain class is as fast)
+
+_BLOCK = 1 << 16  # elements per block: 256-512 KB per array, a few arrays fit in L2/L3
+
+
+def _blocks(*arrays, whole=1, scratch=0):
+    """Yield blocks of C-contiguous arrays that share their leading axes: views of about _BLOCK
+    elements each, cut along the leading axes, keeping the last `whole` axes whole (0: flat
+    blocks for elementwise work, 2: (T, T) matrices for attention). For chains of passes that
+    should hit the cache.
+
+    `scratch` extra blocks for intermediate terms follow the arrays' blocks; they are allocated
+    once, one block long (a full-size scratch array would be written out to memory for nothing).
+    """
+    for a in arrays:  # reshape of a non-contiguous array copies: writes would land in the copy
+        if not a.flags.c_contiguous:
+            raise ValueError(f"_blocks: array of shape {a.shape} and strides {a.strides} is not C-contiguous")
+    tails = [a.shape[a.ndim - whole:] for a in arrays]
+    flat = [a.reshape(-1, *tail) for a, tail in zip(arrays, tails)]
+    per_block = max(1, _BLOCK // max(1, math.prod(tails[0])))
+    spare = [np.empty((min(per_block, len(flat[0])),) + tails[0], dtype=flat[0].dtype) for _ in range(scratch)]
+    for start in range(0, len(flat[0]), per_block):
+        blocks = [a[start:start + per_block] for a in flat]
+        yield blocks + [s[:len(blocks[0])] for s in spare]
+
+
+# ----------------------------------------------------------------------------- embedding
+
+
+class Embedding(fused.Embedding):
+    """Backward groups the positions by id: sort the ids, then one np.add.reduceat over each run
+    of equal ids (np.add.at adds one row at a time). The sums are the same, in the same order."""
+
+    @staticmethod
+    def backward(ctx, g):
+        ids, rows = ctx.ids.reshape(-1), g.reshape(-1, ctx.shape[1])
+        grad = np.zeros(ctx.shape, dtype=g.dtype)
+        if ids.size:
+            order = np.argsort(ids, kind="stable")
+            sorted_ids = ids[order]
+            starts = np.flatnonzero(np.r_[True, sorted_ids[1:] != sorted_ids[:-1]])
+            grad[sorted_ids[starts]] = np.add.reduceat(rows[order], starts, axis=0)
+        return None, grad
+
+
+# ----------------------------------------------------------------------------- layer norm
+
+
+def _row_means(x):
+    """Means over the last axis, keepdims, as a matrix-vector product (BLAS gemv beats x.mean)."""
+    return (x.reshape(-1, x.shape[-1]) @ np.full(x.shape[-1], 1.0 / x.shape[-1], dtype=x.dtype)).reshape(*x.shape[:-1], 1)
+
+
+class LayerNorm(fused.LayerNorm):
+    """The plain formulas, with gemv row means, einsum sums of products, and in-place updates."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        n = x.shape[-1]
+        xhat = x - _row_means(x)
+        var = np.einsum("...i,...i->...", xhat, xhat)[..., None]  # multiply and sum in one pass
+        var *= 1.0 / n
+        var += eps
+        rstd = 1.0 / np.sqrt(var)
+        xhat *= rstd
+        ctx.save_for_backward(xhat, rstd, weight)
+        y = xhat * weight
+        y += bias
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        xhat, rstd, weight = ctx.saved
+        n = xhat.shape[-1]
+        rows_g, rows_xhat = g.reshape(-1, n), xhat.reshape(-1, n)
+        gw = np.einsum("ij,ij->j", rows_g, rows_xhat) if ctx.needs_input_grad[1] else None
+        gb = rows_g.sum(axis=0) if ctx.needs_input_grad[2] else None
+        gx = g * weight                                                   # gh
+        a = np.einsum("...i,...i->...", gx, xhat)[..., None] * (1.0 / n)  # mean(gh * xhat)
+        gx -= _row_means(gx)
+        xhat *= a  # xhat is ours and unused after this: the product goes in place
+        gx -= xhat
+        gx *= rstd
+        return gx, gw, gb, None
+
+
+# ----------------------------------------------------------------------------- GELU
+
+
+class GELU(fused.GELU):
+    """The plain formulas as chains of in-place passes, run block by block in the cache."""
+
+    @staticmethod
+    def forward(ctx, x):
+        x = np.ascontiguousarray(x)  # the blocks are flat views: a transposed input must be copied
+        y, t = np.empty_like(x), np.empty_like(x)
+        for blocks in _blocks(x, y, t, whole=0):
+            _gelu_forward(*blocks)
+        ctx.save_for_backward(x, t)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        x, t = ctx.saved
+        # the gradient overwrites t (ours, freed with the graph): cheaper than a fresh array
+        for blocks in _blocks(x, t, np.ascontiguousarray(g), whole=0, scratch=2):
+            _gelu_backward(*blocks)
+        return (t,)
+
+
+def _gelu_forward(x, y, t):
+    np.multiply(x, x, out=t)
+    t *= 0.044715 * _GELU_C
+    t += _GELU_C
+    t *= x                                      # u = c (x + 0.044715 x^3)
+    np.tanh(t, out=t)                           # t = tanh(u), kept for backward
+    np.add(t, 1.0, out=y)
+    y *= x
+    y *= 0.5                                    # y = 0.5 x (1 + t)
+
+
+def _gelu_backward(x, t, g, d, s):
+    """t becomes the gradient g * dGELU/dx (d and s are scratch)."""
+    np.multiply(t, t, out=d)
+    np.subtract(1.0, d, out=d)                  # 1 - t^2
+    np.multiply(x, x, out=s)
+    s *= 3 * 0.044715 * 0.5 * _GELU_C
+    s += 0.5 * _GELU_C                          # 0.5 c (1 + 3 * 0.044715 x^2)
+    d *= s
+    d *= x                                      # 0.5 x (1 - t^2) du/dx
+    t *= 0.5
+    t += d
+    t += 0.5                                    # + 0.5 (1 + t)
+    t *= g
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+class ScaledDotProductAttention(fused.ScaledDotProductAttention):
+    """The plain formulas with a masked in-place causal softmax and in-place backward terms."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, dropout_p, rng):
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        scores = q @ np.swapaxes(k, -1, -2)
+        if causal:  # the scale is applied inside, on blocks in the cache
+            weights = _causal_softmax(scores, _causal_keep(*scores.shape[-2:]), scale)
+        else:
+            scores *= scale
+            weights = fused._softmax(scores, -1)
+        mask = None
+        if dropout_p > 0.0:
+            mask = _dropout_mask(weights.shape, weights.dtype, dropout_p, rng)
+            dropped = weights * mask
+        else:
+            dropped = weights
+        ctx.save_for_backward(q, k, v, weights, mask)
+        return dropped @ v
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, v, weights, mask = ctx.saved
+        dropped = weights if mask is None else weights * mask
+        gv = np.swapaxes(dropped, -1, -2) @ g
+        ga = g @ np.swapaxes(v, -1, -2)
+        if mask is not None:
+            ga *= mask
+        gs = ga
+        gs -= np.einsum("...ij,...ij->...i", ga, weights)[..., None]
+        gs *= weights
+        scale = 1.0 / math.sqrt(q.shape[-1])  # applied to the (B,H,T,D) results, the smaller arrays
+        gq = gs @ k
+        gq *= scale
+        gk = np.swapaxes(gs, -1, -2) @ q
+        gk *= scale
+        return gq, gk, gv, None, None, None
+
+
+@functools.lru_cache(maxsize=16)
+def _causal_keep(t_q: int, t_k: int) -> np.ndarray:
+    """True where query i may see key j (j <= i + t_k - t_q: the queries aligned at the end)."""
+    keep = np.tril(np.ones((t_q, t_k), dtype=bool), k=t_k - t_q)
+    keep.flags.writeable = False
+    return keep
+
+
+def _causal_softmax(scores, keep, scale=1.0):
+    """Softmax over the last axis of scale * scores (..., T_q, T_k), in place, over the entries
+    `keep` only; the others get weight exactly 0 (as if their scores were -inf). (The scale, a
+    positive number, is applied after the max is subtracted: max(scale * s) = scale * max(s).)
+
+    NumPy's `where=` instead of adding -inf: the masked max saves the pass that adds the mask,
+    and the masked exp never sees -inf (float64 exp leaves its fast vector loop for -inf).
+    """
+    for s, t in _blocks(scores, whole=2, scratch=1):  # t: one block of scratch
+        np.subtract(s, np.max(s, axis=-1, where=keep, initial=-np.inf, keepdims=True), out=t)
+        if scale != 1.0:
+            t *= scale
+        s.fill(0.0)                   # the weight of a masked entry
+        np.exp(t, out=s, where=keep)  # above the diagonal t is garbage and never used
+        s /= s.sum(axis=-1, keepdims=True)
+    return scores
+
+
+# ----------------------------------------------------------------------------- cross-entropy
+
+
+class CrossEntropy(fused.CrossEntropy):
+    """The plain formulas, with the probabilities computed in place and overwritten by backward."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, ignore_index):
+        flat = logits.reshape(-1, logits.shape[-1])
+        ids = targets.reshape(-1)
+        counted = ids != ignore_index
+        safe_ids = np.where(counted, ids, 0)
+        rows = np.arange(flat.shape[0])
+        probs = flat - flat.max(axis=-1, keepdims=True)
+        picked = probs[rows, safe_ids]
+        np.exp(probs, out=probs)
+        total = probs.sum(axis=-1, keepdims=True)
+        probs /= total
+        count = max(int(counted.sum()), 1)
+        loss = -np.where(counted, picked - np.log(total[:, 0]), 0.0).sum() / count
+        ctx.save_for_backward(probs)
+        ctx.rows, ctx.ids, ctx.counted, ctx.count, ctx.shape = rows, safe_ids, counted, count, logits.shape
+        return np.asarray(loss, dtype=logits.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        (probs,) = ctx.saved
+        grad = probs  # in place: the graph, and with it probs, is freed after backward
+        grad[ctx.rows, ctx.ids] -= 1.0
+        grad *= (ctx.counted * (float(g) / ctx.count)).astype(grad.dtype)[:, None]
+        return grad.reshape(ctx.shape), None, None
+
+
+# ----------------------------------------------------------------------------- AdamW
+
+
+def adamw_update(param, grad, exp_avg, exp_avg_sq, step, lr, betas, eps, weight_decay):
+    """optim.adamw_update's equations with every intermediate term in one scratch array `s`
+    instead of a fresh temporary per operation, the bias corrections folded into scalars."""
+    beta1, beta2 = betas
+    s = np.empty_like(param)
+    if weight_decay:
+        param *= 1.0 - lr * weight_decay    # p -= lr * wd * p
+    exp_avg *= beta1
+    np.multiply(grad, 1.0 - beta1, out=s)
+    exp_avg += s                          # m = b1 m + (1 - b1) g
+    exp_avg_sq *= beta2
+    np.multiply(grad, grad, out=s)
+    s *= 1.0 - beta2
+    exp_avg_sq += s                       # v = b2 v + (1 - b2) g^2
+    np.sqrt(exp_avg_sq, out=s)
+    s *= 1.0 / math.sqrt(1.0 - beta2**step)
+    s += eps                              # sqrt(v / (1 - b2^t)) + eps
+    np.divide(exp_avg, s, out=s)
+    s *= lr / (1.0 - beta1**step)
+    param -= s                            # p -= lr / (1 - b1^t) * m / (sqrt(v / (1 - b2^t)) + eps)
