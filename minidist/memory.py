@@ -10,6 +10,8 @@ Three kinds of function live here, side by side, so a learner can check one agai
 - measured from a live model: `param_bytes`, `grad_bytes`, `optimizer_bytes`, `ledger`;
 - predicted for *this* implementation: `param_count(config)`, `activation_bytes(config, ...)`
   (tests check both against the real GPT to the byte);
+- predicted per rank under tensor parallelism (chapter 6): `tensor_parallel_parameter_counts`,
+  `sequence_parallel_activation_bytes` (tests check them against every rank's ledger);
 - the textbook estimates for any size: `model_state_bytes(Ψ, dp, zero)` (the ZeRO paper's
   2 + 2 + 12 bytes per parameter, divided among data-parallel ranks by stage) and
   `megatron_activation_bytes` (the Megatron-LM paper's per-layer formula).
@@ -140,6 +142,51 @@ def megatron_activation_bytes(batch: int, seq: int, hidden: int, heads: int) -> 
     no fused residual+dropout, and GELU's tanh, so its own count above differs in the constant.
     """
     return seq * batch * hidden * (34 + 5 * heads * seq / hidden)
+
+
+# ----------------------------------------------------------------------------- tensor parallelism, per rank
+
+
+def tensor_parallel_parameter_counts(config, tp: int) -> dict:
+    """How many parameters are split over the tp ranks and how many every rank replicates
+    (chapter 6, `parallel/tensor_parallel.py`).
+
+    Split, per block: q, k, v, c_proj weights (4C²) and q, k, v biases (3C); c_fc (4C² + 4C)
+    and the MLP's c_proj weight (4C²): 12C² + 7C. Plus wte (VC) and an untied head (VC).
+    Replicated, per block: two LayerNorms (4C) and the two row-parallel biases (2C): 6C.
+    Plus wpe (T·C) and ln_f (2C). A rank holds split / tp + replicated."""
+    V, T, L, C = config.vocab_size, config.block_size, config.n_layer, config.n_embd
+    split = L * (12 * C * C + 7 * C) + V * C * (1 if config.tie_weights else 2)
+    replicated = L * 6 * C + T * C + 2 * C
+    return {"split": split, "replicated": replicated, "per_rank": split // tp + replicated}
+
+
+def sequence_parallel_activation_bytes(config, batch: int, tp: int, itemsize: int = 4,
+                                       seq: int | None = None) -> dict:
+    """Activation bytes per rank that sequence parallelism divides by t, and those it adds
+    (chapter 6, section 8, `parallel/sequence.py`).
+
+    "region": what plain tensor parallelism keeps whole (B·T·C) on every rank, counted from the
+    autograd graph of `TensorParallelGPT` (graph_bytes). Per block: ln_1 and ln_2 (output and
+    the normalised input each saves, 4), the two reduced outputs of g (2), the two bias adds (2),
+    the two residual adds (2): 10 B·T·C, plus each LayerNorm's 1/std (2 B·T); with dropout, each
+    of the two dropouts' mask and output (4 B·T·C). Outside the blocks: the embedding's g and the
+    add of wpe (2 B·T·C), the T·C position rows, ln_f (2 B·T·C + B·T), with dropout the
+    embedding dropout (2 B·T·C). Sequence parallelism keeps 1/t of all of it.
+
+    "gathered": what it adds. Each column-parallel layer keeps its all-gathered input (B·T·C)
+    for its backward: 2 per block and the head's. (Megatron-LM keeps the T/t shard instead and
+    all-gathers it again in backward: one more all-gather per layer, overlapped with compute.)
+
+    saved = region · (1 - 1/t) - gathered."""
+    seq = config.block_size if seq is None else seq
+    btc, bt = batch * seq * config.n_embd, batch * seq
+    drop = config.dropout > 0
+    per_block = 10 * btc + 2 * bt + (4 * btc if drop else 0)
+    outside = 4 * btc + seq * config.n_embd + bt + (2 * btc if drop else 0)
+    region = (config.n_layer * per_block + outside) * itemsize
+    gathered = (2 * config.n_layer + 1) * btc * itemsize if tp > 1 else 0
+    return {"region": region, "gathered": gathered, "saved": region - region // tp - gathered}
 
 
 # ----------------------------------------------------------------------------- model states, any size

@@ -138,3 +138,26 @@ def test_cli_table_and_errors():
     assert bad.returncode == 2 and "cannot read a parameter count from 'lots'" in bad.stderr
     bad = run_cli("--params", "1B", "--zero", "7")
     assert bad.returncode == 2 and "ZeRO stage must be 0, 1, 2 or 3, got 7" in bad.stderr
+
+
+@pytest.mark.parametrize("config", [GPTConfig(), GPTConfig(**SMALL, tie_weights=False)])
+def test_tensor_parallel_parameter_counts_add_up_to_the_model(config):
+    """Split + replicated is the whole GPT; a rank of tp holds split / tp + replicated (chapter 6)."""
+    counts = memory.tensor_parallel_parameter_counts(config, 1)
+    assert counts["split"] + counts["replicated"] == counts["per_rank"] == GPT(config).num_parameters()
+    C, L = config.n_embd, config.n_layer
+    assert counts["replicated"] == 6 * L * C + config.block_size * C + 2 * C
+    assert memory.tensor_parallel_parameter_counts(config, 4)["per_rank"] == counts["split"] // 4 + counts["replicated"]
+
+
+def test_sequence_parallel_activation_bytes_of_the_demo_model():
+    """The numbers chapter 6, section 8 quotes: a region of 23.1 MB, 4.7 MB of gathered inputs, and
+    what sequence parallelism saves per rank at t = 2 and 4 (float32, batch 16); nothing at t = 1."""
+    config = GPTConfig()
+    one, two, four = (memory.sequence_parallel_activation_bytes(config, 16, t) for t in (1, 2, 4))
+    btc, bt = 16 * 64 * 128, 16 * 64
+    assert one["region"] == 4 * (4 * (10 * btc + 2 * bt) + 4 * btc + 64 * 128 + bt) == two["region"]
+    assert (one["gathered"], one["saved"]) == (0, 0)
+    assert two["gathered"] == four["gathered"] == 4 * 9 * btc
+    assert round(two["region"] / 1e6, 1) == 23.1 and round(two["gathered"] / 1e6, 1) == 4.7
+    assert round(two["saved"] / 1e6, 1) == 6.9 and round(four["saved"] / 1e6, 1) == 12.6

@@ -6,16 +6,18 @@ the untied GPT against `SerialTrainer` (losses, final weights), the replicated g
 compared across ranks, the all-reduces counted per block and per step against the formula,
 and the parameter bytes per rank. Sequence parallelism rides in the same launch: its three
 region functions, two training variants against serial, its traffic (equal to plain tensor
-parallelism's with the ring) and its activation bytes (against `sequence.activation_bytes`).
+parallelism's with the ring) and its activation bytes (against
+`memory.sequence_parallel_activation_bytes`).
 """
 import numpy as np
 import pytest
 
-from minidist.data import make_task
+from conftest import relative_difference, serial_run
 from minidist.comm.launch import run
+from minidist.data import make_task
 from minidist.model import GPT, GPTConfig
 from minidist.tensor import default_dtype
-from minidist.train import OptimSettings, SerialTrainer
+from minidist.train import OptimSettings
 
 CONFIG = dict(vocab_size=256, block_size=16, n_layer=2, n_head=4, n_embd=16)
 STEPS, BATCH = 3, 8
@@ -27,17 +29,17 @@ VARIANTS = {"tied": dict(tie_weights=True), "untied": dict(tie_weights=False), "
 
 
 def _variant(name):
-    """(config, settings, sequence_parallel) of a variant; the serial run ignores the last."""
+    """(config, settings, sequence_parallel) of a variant as dicts; the serial run ignores the last."""
     extra = dict(VARIANTS[name])
-    config = GPTConfig(**CONFIG, tie_weights=extra.pop("tie_weights", True))
+    config = dict(CONFIG, tie_weights=extra.pop("tie_weights", True))
     sequence_parallel = extra.pop("sequence_parallel", False)
-    return config, OptimSettings(**{**SETTINGS, **extra}), sequence_parallel
+    return config, {**SETTINGS, **extra}, sequence_parallel
 
 
-def _rel(a, b):
-    """max |a - b| relative to max |b| (or to 0.01, the weights' scale, for parameters whose
-    true gradient is zero, such as k_proj.bias: their values are pure round-off)."""
-    return float(np.max(np.abs(np.asarray(a) - np.asarray(b))) / max(np.max(np.abs(b)), 1e-2))
+def _model(config, world, sequence_parallel):
+    from minidist.parallel.tensor_parallel import SequenceParallelGPT, TensorParallelGPT
+
+    return (SequenceParallelGPT if sequence_parallel else TensorParallelGPT)(config, world)
 
 
 # ----------------------------------------------------------------------------- on every rank
@@ -62,16 +64,16 @@ def layer_checks(world):
     x = Tensor(rng.normal(size=(B, C)), requires_grad=True)
     y = copy_to_tensor_parallel_region(x, world)
     (y * float(r + 1)).sum().backward()
-    out["f forward"] = _rel(y.data, x.data)
-    out["f backward"] = _rel(x.grad, np.full((B, C), t * (t + 1) / 2))
+    out["f forward"] = relative_difference(y.data, x.data)
+    out["f backward"] = relative_difference(x.grad, np.full((B, C), t * (t + 1) / 2))
     # g: sum forward; backward hands every rank the same gradient.
     parts = rng.normal(size=(t, B, C))
     x = Tensor(parts[r].copy(), requires_grad=True)
     y = reduce_from_tensor_parallel_region(x, world)
     R = rng.normal(size=(B, C))
     (y * R).sum().backward()
-    out["g forward"] = _rel(y.data, parts.sum(axis=0))
-    out["g backward"] = _rel(x.grad, R)
+    out["g forward"] = relative_difference(y.data, parts.sum(axis=0))
+    out["g backward"] = relative_difference(x.grad, R)
 
     # linear layers: the loss sum(Y * R) serially and in parallel
     for name, kind, extra in [("column", ColumnParallelLinear, {}),
@@ -95,10 +97,10 @@ def layer_checks(world):
         y_ref = serial(Tensor(X)).data
         split_out = kind is ColumnParallelLinear and not layer.gather_output
         (y * (R[..., cols(H)] if split_out else R)).sum().backward()
-        out[f"{name} output"] = _rel(y.data, y_ref[..., cols(H)] if split_out else y_ref)
-        out[f"{name} input grad"] = _rel(xp.grad, xs.grad[..., cols(C)] if x_local is not X else xs.grad)
-        out[f"{name} weight grad"] = _rel(layer.weight.grad, serial.weight.grad[w_index])
-        out[f"{name} bias grad"] = _rel(layer.bias.grad, serial.bias.grad if row else serial.bias.grad[cols(H)])
+        out[f"{name} output"] = relative_difference(y.data, y_ref[..., cols(H)] if split_out else y_ref)
+        out[f"{name} input grad"] = relative_difference(xp.grad, xs.grad[..., cols(C)] if x_local is not X else xs.grad)
+        out[f"{name} weight grad"] = relative_difference(layer.weight.grad, serial.weight.grad[w_index])
+        out[f"{name} bias grad"] = relative_difference(layer.bias.grad, serial.bias.grad if row else serial.bias.grad[cols(H)])
 
     # the vocabulary split: embedding and cross-entropy
     table = Embedding(V, C)
@@ -109,8 +111,8 @@ def layer_checks(world):
     emb.weight.data[...] = table.weight.data[cols(V)]
     y = emb(ids)
     (y * R).sum().backward()
-    out["embedding output"] = _rel(y.data, table(ids).data)
-    out["embedding weight grad"] = _rel(emb.weight.grad, table.weight.grad[cols(V)])
+    out["embedding output"] = relative_difference(y.data, table(ids).data)
+    out["embedding weight grad"] = relative_difference(emb.weight.grad, table.weight.grad[cols(V)])
 
     Z = rng.normal(size=(B, T, V)) * 3
     targets = rng.integers(0, V, size=(B, T))
@@ -121,8 +123,8 @@ def layer_checks(world):
     zp = Tensor(Z[..., cols(V)].copy(), requires_grad=True)
     loss = vocab_parallel_cross_entropy(zp, targets, world, r * V // t, V)
     loss.backward()
-    out["cross-entropy loss"] = _rel(loss.data, loss_ref.data)
-    out["cross-entropy grad"] = _rel(zp.grad, zs.grad[..., cols(V)])
+    out["cross-entropy loss"] = relative_difference(loss.data, loss_ref.data)
+    out["cross-entropy grad"] = relative_difference(zp.grad, zs.grad[..., cols(V)])
     return out
 
 
@@ -144,19 +146,19 @@ def sequence_checks(world):
     x = Tensor(X.copy(), requires_grad=True)
     y = scatter_to_sequence_parallel_region(x, world)
     (y * R[mine]).sum().backward()
-    out["scatter forward"], out["scatter backward"] = _rel(y.data, X[mine]), _rel(x.grad, R)
+    out["scatter forward"], out["scatter backward"] = relative_difference(y.data, X[mine]), relative_difference(x.grad, R)
     # gather: all tokens; rank q's loss is (q + 1) R·y, so dL/dx_r = (1 + ... + t) R[chunk r]
     x = Tensor(X[mine].copy(), requires_grad=True)
     y = gather_from_sequence_parallel_region(x, world)
     (y * (R * (r + 1))).sum().backward()
-    out["gather forward"] = _rel(y.data, X)
-    out["gather backward"] = _rel(x.grad, R[mine] * t * (t + 1) / 2)
+    out["gather forward"] = relative_difference(y.data, X)
+    out["gather backward"] = relative_difference(x.grad, R[mine] * t * (t + 1) / 2)
     # reduce-scatter: the sum of the parts, my tokens; backward all-gathers (dL/dparts_r = R)
     x = Tensor(parts[r].copy(), requires_grad=True)
     y = reduce_scatter_to_sequence_parallel_region(x, world)
     (y * R[mine]).sum().backward()
-    out["reduce-scatter forward"] = _rel(y.data, parts.sum(axis=0)[mine])
-    out["reduce-scatter backward"] = _rel(x.grad, R)
+    out["reduce-scatter forward"] = relative_difference(y.data, parts.sum(axis=0)[mine])
+    out["reduce-scatter backward"] = relative_difference(x.grad, R)
     return out
 
 
@@ -165,9 +167,7 @@ def sp_versus_tp(world):
     sent with every all-reduce a ring (forward + backward, so no gradient all-reduce), activation
     bytes of the graph (also with dropout, where both must draw the same masks), and a sequence
     length that does not divide by t, which must fail before any message."""
-    from minidist.comm import traffic
-    from minidist.parallel.tensor_parallel import TensorParallelGPT
-    from minidist.parallel.tensor_layers import all_reduce_algorithm
+    from minidist.comm import all_reduce_algorithm, traffic
     from minidist.tensor import graph_bytes
 
     task = make_task("sort", CONFIG["block_size"], seed=0)
@@ -175,7 +175,7 @@ def sp_versus_tp(world):
     out = {}
     for dropout in (0.0, 0.1):
         for sp in (False, True):
-            model = TensorParallelGPT(GPTConfig(**CONFIG, dropout=dropout), world, sequence_parallel=sp)
+            model = _model(GPTConfig(**CONFIG, dropout=dropout), world, sp)
             traffic.reset()
             with all_reduce_algorithm("ring"):
                 _, loss = model(x, y)
@@ -184,7 +184,7 @@ def sp_versus_tp(world):
             total = traffic.snapshot()["total"]
             out[dropout, sp] = {"loss": loss.item(), "activations": activations, "bytes_sent": total["bytes_sent"],
                                 "kinds": sorted(k for k in traffic.snapshot() if k != "total")}
-    model = TensorParallelGPT(GPTConfig(**CONFIG), world, sequence_parallel=True)
+    model = _model(GPTConfig(**CONFIG), world, True)
     traffic.reset()
     try:
         model(x[:, :world.size + 1])
@@ -226,8 +226,8 @@ def tp_rank_program():
         task = make_task("sort", CONFIG["block_size"], seed=0)
         for name in VARIANTS:
             config, settings, sequence_parallel = _variant(name)
-            trainer = TensorParallelTrainer(config, settings, task, BATCH, seed=0, group=world,
-                                            sequence_parallel=sequence_parallel)
+            trainer = TensorParallelTrainer(GPTConfig(**config), OptimSettings(**settings), task, BATCH, seed=0,
+                                            group=world, sequence_parallel=sequence_parallel)
             initial = consolidate_state_dict(trainer.local_model)
             traffic.reset()
             steps = [trainer.step(s) for s in range(STEPS)]
@@ -251,6 +251,10 @@ def tp_rank_program():
             check_tensor_parallel(GPTConfig(**{**CONFIG, "n_head": 3, "n_embd": 12, "vocab_size": 255}), world.size)
         except ValueError as error:
             out["bad layout"] = (str(error), traffic.snapshot()["total"]["messages"])
+        try:  # ranks that disagree on the model are stopped when it is built (the group's one check)
+            _model(GPTConfig(**{**CONFIG, "n_layer": 1 + world.rank % 2}), world, False)
+        except ValueError as error:
+            out["mixed layouts"] = str(error)
     return out
 
 
@@ -259,16 +263,7 @@ def tp_rank_program():
 
 @pytest.fixture(scope="module")
 def serial():
-    results = {}
-    with default_dtype("float64"):
-        task = make_task("sort", CONFIG["block_size"], seed=0)
-        for name in VARIANTS:
-            config, settings, _ = _variant(name)
-            trainer = SerialTrainer(config, settings, task, BATCH, seed=0)
-            initial = trainer.state_dict()
-            steps = [trainer.step(s) for s in range(STEPS)]
-            results[name] = {"steps": steps, "initial": initial, "state": trainer.state_dict()}
-    return results
+    return {name: serial_run(*_variant(name)[:2], BATCH, STEPS) for name in VARIANTS}
 
 
 @pytest.fixture(scope="module", params=[2, 4])
@@ -278,7 +273,9 @@ def parallel(request):
 
 def test_layers_and_f_g_match_serial(parallel):
     t, results = parallel
+    assert len(results) == t
     for rank, result in enumerate(results):
+        assert len(result["layers"]) == 24  # f, g: 4; four linear layers: 16; embedding: 2; loss: 2
         for check, diff in result["layers"].items():
             assert diff <= 1e-12, f"tp={t} rank {rank}: {check} differs from serial by {diff:.1e}"
 
@@ -286,7 +283,9 @@ def test_layers_and_f_g_match_serial(parallel):
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_tensor_parallel_equals_serial(serial, parallel, variant):
     t, results = parallel
+    assert len(results) == t
     ref = serial[variant]
+    assert len(ref["initial"]) == len(results[0][variant]["initial"]) > 0
     for key, value in ref["initial"].items():  # the shards are cut from the serial init
         assert np.array_equal(results[0][variant]["initial"][key], value), f"tp={t} initial {key}"
     for rank, result in enumerate(results):
@@ -299,7 +298,7 @@ def test_tensor_parallel_equals_serial(serial, parallel, variant):
     assert list(state) == list(ref["state"])
     for key, value in ref["state"].items():
         assert state[key].shape == value.shape, key
-        diff = _rel(state[key], value)
+        diff = relative_difference(state[key], value)
         assert diff <= 1e-9, f"tp={t} {variant}: {key} differs from serial by {diff:.1e}"
 
 
@@ -307,8 +306,10 @@ def test_replicated_gradients_identical_on_every_rank(parallel):
     """LayerNorms, wpe and row-parallel biases: no all-reduce keeps them in step, the f/g
     functions do — every rank computes the same numbers from the same replicated activations."""
     t, results = parallel
+    assert len(results) == t
     for variant in VARIANTS:
         grads = results[0][variant]["replicated_grads"]
+        assert len(grads) == 6 * CONFIG["n_layer"] + 3  # per block 2 LayerNorms, 2 row biases; wpe, ln_f
         assert any(k.startswith("wpe") for k in grads) and any("c_proj.bias" in k for k in grads)
         for rank in range(1, t):
             for key, value in grads.items():
@@ -317,6 +318,7 @@ def test_replicated_gradients_identical_on_every_rank(parallel):
 
 def test_two_all_reduces_per_block_forward_and_backward(parallel):
     t, results = parallel
+    assert len(results) == t
     for result in results:
         (f1, b1), (f2, b2) = result["blocks"][1], result["blocks"][2]
         assert (f2 - f1, b2 - b1) == (2, 2), result["blocks"]
@@ -325,12 +327,14 @@ def test_two_all_reduces_per_block_forward_and_backward(parallel):
 
 
 def test_traffic_per_step_matches_formula(parallel):
-    from minidist.parallel.tensor_parallel import traffic_per_step
+    from minidist.comm.cost import tensor_parallel_traffic_per_step
 
     t, results = parallel
+    assert len(results) == t
     for variant in VARIANTS:
         config, _, sp = _variant(variant)
-        expected = traffic_per_step(config, BATCH, t, itemsize=8, sequence_parallel=sp)
+        config = GPTConfig(**config)
+        expected = tensor_parallel_traffic_per_step(config, BATCH, t, itemsize=8, sequence_parallel=sp)
         for result in results:
             got = result[variant]
             sent = got["bytes_sent"] + sum(b for _, b in got["halves"].values())
@@ -339,18 +343,20 @@ def test_traffic_per_step_matches_formula(parallel):
                 assert got["all_reduces"] == expected["all_reduces"] == 5 + 1
                 assert {k: c for k, (c, _) in got["halves"].items()} == {
                     "reduce_scatter.ring": 4 * config.n_layer + 2, "all_gather.ring": 4 * config.n_layer + 2}
+                assert got["other_kinds"] == ["all_gather.ring", "reduce_scatter.ring"], got["other_kinds"]  # no check
             else:
                 assert got["all_reduces"] == expected["all_reduces"] == 4 * config.n_layer + 7
                 assert got["other_kinds"] == [], got["other_kinds"]  # no check, no gather during steps
 
 
 def test_parameter_bytes_per_rank(parallel):
-    from minidist.parallel.tensor_parallel import parameter_counts
+    from minidist.memory import tensor_parallel_parameter_counts
 
     t, results = parallel
+    assert len(results) == t
     for variant in VARIANTS:
-        config, _, _ = _variant(variant)
-        counts = parameter_counts(config, t)
+        config = GPTConfig(**_variant(variant)[0])
+        counts = tensor_parallel_parameter_counts(config, t)
         assert counts["split"] + counts["replicated"] == GPT(config).num_parameters()
         for result in results:
             assert result[variant]["memory"]["params"] == 8 * counts["per_rank"]
@@ -359,10 +365,19 @@ def test_parameter_bytes_per_rank(parallel):
 
 def test_bad_layout_names_the_sizes_before_any_message(parallel):
     t, results = parallel
+    assert len(results) == t
     for result in results:
         message, messages = result["bad layout"]
         assert messages == 0
         assert message.startswith(f"tensor parallel: n_head=3, vocab_size=255 not divisible by tp={t}"), message
+
+
+def test_ranks_that_disagree_on_the_model_fail_when_it_is_built(parallel):
+    t, results = parallel
+    assert len(results) == t
+    for result in results:
+        assert result["mixed layouts"].startswith(f"the tensor-parallel layout: not the same on every rank of this "
+                                                  f"group of {t}"), result["mixed layouts"]
 
 
 def test_check_names_every_size():
@@ -379,6 +394,7 @@ def test_check_names_every_size():
 
 def test_sequence_parallel_functions(parallel):
     t, results = parallel
+    assert len(results) == t
     for rank, result in enumerate(results):
         assert len(result["sequence"]) == 6
         for check, diff in result["sequence"].items():
@@ -388,6 +404,7 @@ def test_sequence_parallel_functions(parallel):
 def test_sequence_parallel_traffic_equals_tensor_parallel(parallel):
     """reduce-scatter + all-gather (rings) send exactly what the ring all-reduce they replace sends."""
     t, results = parallel
+    assert len(results) == t
     for result in results:
         for dropout in (0.0, 0.1):
             tp, sp = result["sp vs tp"][dropout, False], result["sp vs tp"][dropout, True]
@@ -398,19 +415,21 @@ def test_sequence_parallel_traffic_equals_tensor_parallel(parallel):
 
 
 def test_sequence_parallel_divides_the_replicated_activations_by_t(parallel):
-    from minidist.parallel.sequence import activation_bytes
+    from minidist.memory import sequence_parallel_activation_bytes
 
     t, results = parallel
+    assert len(results) == t
     for result in results:
         for dropout in (0.0, 0.1):
             tp, sp = result["sp vs tp"][dropout, False], result["sp vs tp"][dropout, True]
-            f = activation_bytes(GPTConfig(**CONFIG, dropout=dropout), BATCH, t, itemsize=8)
+            f = sequence_parallel_activation_bytes(GPTConfig(**CONFIG, dropout=dropout), BATCH, t, itemsize=8)
             assert tp["activations"] - sp["activations"] == f["saved"] > 0, (t, dropout, tp, sp, f)
             assert f["region"] - f["region"] // t - f["gathered"] == f["saved"]
 
 
 def test_sequence_length_not_divisible_fails_before_any_message(parallel):
     t, results = parallel
+    assert len(results) == t
     for result in results:
         message, messages = result["sp vs tp"]["bad length"]
         assert messages == 0

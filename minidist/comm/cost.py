@@ -115,3 +115,58 @@ def crossover(collective: str, fast_for_large: str, other: str, n: int, alpha: f
         mid = math.sqrt(lo * hi)
         lo, hi = (mid, hi) if gap(mid) >= 0 else (lo, mid)
     return hi
+
+
+def zero_bytes_sent(stage: int, n: int, units_numel: list[int], bytes_per_element: int = 4) -> float:
+    """Bytes each rank sends per step under ZeRO stage 0-3 (chapter 8): (N-1)/N of what each ring moves.
+
+    Stage 0 all-reduces the gradients and stages 1-2 reduce-scatter them and all-gather the
+    weights: 2(N-1)/N x Ψ either way. Stage 3 all-gathers the weights in forward and the blocks
+    (`units_numel[1:]`; the root unit, `units_numel[0]`, stays gathered) again in backward:
+    (N-1)/N x (2Ψ + Ψ_blocks), about 1.5x."""
+    full, blocks = sum(units_numel), sum(units_numel[1:])
+    moved = 2 * full if stage < 3 else 2 * full + blocks
+    return (n - 1) / n * moved * bytes_per_element
+
+
+def tensor_parallel_traffic_per_step(config, batch: int, tp: int, itemsize: int = 4, seq: int | None = None,
+                                     sequence_parallel: bool = False, one_machine: bool = True) -> dict:
+    """All-reduces of one tensor-parallel training step and the bytes each rank sends for them,
+    predicted (chapter 6, `parallel/tensor_parallel.py`).
+
+    Activations of B·T·C elements: 2 per block forward (g after attention and MLP), 2 per block
+    backward (f before them), the embedding's g and the head's f: 4L + 2. Small ones of B·T
+    elements: the loss's max and its two sums (one message), the accuracy's argmax (max, then
+    min of int64 ids); and one number for the gradient norm. Bytes per call are those of the
+    algorithm all_reduce picks for that size (`terms` above): with every rank on one machine
+    (one_machine=True, as under mpirun here) shared memory, which sends (t-1) x the array up to
+    64 KB and 2(t-1)/t of it above, like the ring; across machines the alpha-beta choice.
+
+    sequence_parallel=True: each B·T·C all-reduce becomes one reduce-scatter and one all-gather
+    (ring: (t-1)/t of the array each, together a ring all-reduce's bytes), and one all-reduce of
+    the replicated parameters' partial gradients is added."""
+    from minidist.comm.collectives import auto_algorithm  # collectives imports this module
+    from minidist.memory import tensor_parallel_parameter_counts
+
+    seq = config.block_size if seq is None else seq
+    n = batch * seq
+    activations = (n * config.n_embd * itemsize, 4 * config.n_layer + 2, "activations (B·T·C)")
+    calls = [(n * itemsize, 1, "loss: row max"), (2 * n * itemsize, 1, "loss: sum of exp and target logit"),
+             (n * itemsize, 1, "accuracy: max"), (n * 8, 1, "accuracy: argmax id (int64)"),
+             (8, 1, "gradient norm")]
+    if sequence_parallel:
+        grads = tensor_parallel_parameter_counts(config, tp)["replicated"] * itemsize
+        calls.append((grads, 1, "sequence-parallel gradients (LayerNorms, row biases, wpe)"))
+    else:
+        calls.insert(0, activations)
+    halves = activations[1] if sequence_parallel else 0  # reduce-scatters, and as many all-gathers
+    if tp == 1:
+        return {"all_reduces": 0, "reduce_scatters": 0, "all_gathers": 0, "bytes_sent": 0, "calls": calls}
+
+    def chosen(nbytes):
+        return "shared_memory" if one_machine else auto_algorithm(nbytes, tp)
+
+    sent = sum(count * terms("all_reduce", chosen(nbytes), tp, nbytes)[1] for nbytes, count, _ in calls)
+    sent += halves * sum(terms(kind, "ring", tp, activations[0])[1] for kind in ("reduce_scatter", "all_gather"))
+    return {"all_reduces": sum(c for _, c, _ in calls), "reduce_scatters": halves, "all_gathers": halves,
+            "bytes_sent": int(round(sent)), "calls": calls}

@@ -1,10 +1,11 @@
 """Sequence parallelism (序列并行): the parts tensor parallelism left whole, split along the sequence.
 
 Chapter 6, part 3 (Megatron-LM, Korthikanti et al. 2022, "Reducing Activation Recomputation in
-Large Transformer Models"). Tensor parallelism (`tensor_layers.py`, `tensor.py`) splits the
-matrices, but between them the LayerNorms, the residual adds and the dropouts still work on the
-whole (B, T, C) activation, identically on every rank: t copies of the same numbers. Those
-operations are independent per token, so each rank can do them for T/t of the tokens instead.
+Large Transformer Models"). Tensor parallelism (`tensor_layers.py`, `tensor_parallel.py`)
+splits the matrices, but between them the LayerNorms, the residual adds and the dropouts still
+work on the whole (B, T, C) activation, identically on every rank: t copies of the same numbers.
+Those operations are independent per token, so each rank can do them for T/t of the tokens
+instead.
 
 The one idea: an all-reduce *is* a reduce-scatter followed by an all-gather (that is how the
 ring does it). Megatron's g (all-reduce after a row-parallel layer) is cut in two: the
@@ -32,14 +33,23 @@ the row-parallel biases, the position embedding) now see only T/t tokens on each
 holds a *partial* gradient, and the true one is their sum. `allreduce_sequence_parallel_grads`
 adds them up in one all-reduce after backward (Megatron marks them `p.sequence_parallel = True`
 and all-reduces them in `finalize_model_grads`). Without it the replicas would drift apart.
+
+The layers extend tensor parallelism's, changing only their communication (Megatron-LM's
+`sequence_parallel=True`): `SequenceParallelColumnLinear` all-gathers its input's tokens where
+`ColumnParallelLinear` applies f, `SequenceParallelRowLinear` and `SequenceParallelEmbedding`
+reduce-scatter where theirs apply g. `SequenceParallelLayers` lists them, with the dropout, for
+`SequenceParallelGPT` (`tensor_parallel.py`). The memory formula is
+`memory.sequence_parallel_activation_bytes`.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from minidist.comm import all_gather, all_reduce, reduce_scatter, unchecked
+from minidist.comm import all_gather, all_reduce, reduce_scatter
 from minidist.comm.world import World
 from minidist.nn import Module
+from minidist.parallel.tensor_layers import (ColumnParallelLinear, RowParallelLinear, TensorParallelLayers,
+                                             VocabParallelEmbedding)
 from minidist.tensor import Function
 
 
@@ -68,8 +78,7 @@ def _gather_along_sequence(x: np.ndarray, group: World) -> np.ndarray:
     if t == 1:
         return x
     flat = np.empty(x.size * t, dtype=x.dtype)
-    with unchecked():
-        all_gather(_sequence_first(x), group=group, out=flat)
+    all_gather(_sequence_first(x), group=group, out=flat)
     full = flat.reshape(x.shape[1] * t, x.shape[0], *x.shape[2:])
     return np.moveaxis(full, 0, 1)
 
@@ -79,8 +88,7 @@ def _reduce_scatter_along_sequence(x: np.ndarray, group: World) -> np.ndarray:
     check_sequence_length(x.shape[1], group.size)
     if group.size == 1:
         return x
-    with unchecked():
-        mine = reduce_scatter(_sequence_first(x), group=group)
+    mine = reduce_scatter(_sequence_first(x), group=group)
     local = mine.reshape(x.shape[1] // group.size, x.shape[0], *x.shape[2:])
     return np.moveaxis(local, 0, 1)
 
@@ -151,6 +159,42 @@ def reduce_scatter_to_sequence_parallel_region(x, group):
     return ReduceScatterToSequenceParallelRegion.apply(x, group)
 
 
+# ----------------------------------------------------------------------------- the layers
+
+
+class SequenceParallelColumnLinear(ColumnParallelLinear):
+    """A column-parallel layer whose input is this rank's T/t tokens: they are all-gathered
+    (Megatron's g-bar; backward reduce-scatter) where the tensor-parallel layer applies f."""
+
+    @staticmethod
+    def enter(x, group):
+        return gather_from_sequence_parallel_region(x, group)
+
+
+class SequenceParallelRowLinear(RowParallelLinear):
+    """A row-parallel layer whose partial sums are reduce-scattered along the sequence where the
+    tensor-parallel layer all-reduces them (g): the output, and the bias added after, are this
+    rank's T/t tokens. The bias, replicated, now gets a partial gradient: tagged for the sum."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.bias is not None:
+            self.bias.sequence_parallel = True
+
+    @staticmethod
+    def reduce(partial, group):
+        return reduce_scatter_to_sequence_parallel_region(partial, group)
+
+
+class SequenceParallelEmbedding(VocabParallelEmbedding):
+    """The vocabulary-parallel embedding whose rows are reduce-scattered along the sequence:
+    this rank gets the embeddings of its T/t tokens."""
+
+    @staticmethod
+    def reduce(rows, group):
+        return reduce_scatter_to_sequence_parallel_region(rows, group)
+
+
 # ----------------------------------------------------------------------------- dropout, gradients
 
 
@@ -207,8 +251,7 @@ def allreduce_sequence_parallel_grads(model: Module, group: World) -> int:
     if group.size == 1 or not params:
         return 0
     flat = np.concatenate([p.grad.ravel() for p in params])
-    with unchecked():
-        all_reduce(flat, group=group)
+    all_reduce(flat, group=group)
     offset = 0
     for p in params:
         p.grad[...] = flat[offset:offset + p.grad.size].reshape(p.grad.shape)
@@ -216,30 +259,14 @@ def allreduce_sequence_parallel_grads(model: Module, group: World) -> int:
     return flat.size
 
 
-# ----------------------------------------------------------------------------- the formula
+# ----------------------------------------------------------------------------- what the model is built from
 
 
-def activation_bytes(config, batch: int, tp: int, itemsize: int = 4, seq: int | None = None) -> dict:
-    """Activation bytes per rank that sequence parallelism divides by t, and those it adds.
+class SequenceParallelLayers(TensorParallelLayers):
+    """The layers `SequenceParallelGPT` is built from: tensor parallelism's list, every entry
+    replaced by its sequence-parallel extension."""
 
-    "region": what plain tensor parallelism keeps whole (B·T·C) on every rank, counted from the
-    autograd graph of `TensorParallelGPT` (graph_bytes). Per block: ln_1 and ln_2 (output and
-    the normalised input each saves, 4), the two reduced outputs of g (2), the two bias adds (2),
-    the two residual adds (2): 10 B·T·C, plus each LayerNorm's 1/std (2 B·T); with dropout, each
-    of the two dropouts' mask and output (4 B·T·C). Outside the blocks: the embedding's g and the
-    add of wpe (2 B·T·C), the T·C position rows, ln_f (2 B·T·C + B·T), with dropout the
-    embedding dropout (2 B·T·C). Sequence parallelism keeps 1/t of all of it.
-
-    "gathered": what it adds. Each column-parallel layer keeps its all-gathered input (B·T·C)
-    for its backward: 2 per block and the head's. (Megatron-LM keeps the T/t shard instead and
-    all-gathers it again in backward: one more all-gather per layer, overlapped with compute.)
-
-    saved = region · (1 - 1/t) - gathered."""
-    seq = config.block_size if seq is None else seq
-    btc, bt = batch * seq * config.n_embd, batch * seq
-    drop = config.dropout > 0
-    per_block = 10 * btc + 2 * bt + (4 * btc if drop else 0)
-    outside = 4 * btc + seq * config.n_embd + bt + (2 * btc if drop else 0)
-    region = (config.n_layer * per_block + outside) * itemsize
-    gathered = (2 * config.n_layer + 1) * btc * itemsize if tp > 1 else 0
-    return {"region": region, "gathered": gathered, "saved": region - region // tp - gathered}
+    column = SequenceParallelColumnLinear
+    row = SequenceParallelRowLinear
+    embedding = SequenceParallelEmbedding
+    dropout = SequenceParallelDropout

@@ -1,8 +1,8 @@
 """Tensor parallelism (张量并行), the layers: one matrix multiply split across t ranks.
 
-Chapter 6, part 1 (the model and the trainer are in `tensor.py`). The one idea: a linear layer
-Y = X W^T can be cut along either side of W, and the two cuts fit together so that a whole
-MLP (or attention) needs one all-reduce forward and one backward.
+Chapter 6, part 1 (the model and the trainer are in `tensor_parallel.py`). The one idea: a
+linear layer Y = X W^T can be cut along either side of W, and the two cuts fit together so that
+a whole MLP (or attention) needs one all-reduce forward and one backward.
 
     ColumnParallelLinear   W cut by output features (rows of our (out, in) weight):
                            rank r computes Y_r = X W_r^T, a slice of Y's columns. Needs the
@@ -32,59 +32,32 @@ of the table; ids outside its range give zero rows, then g sums) and
 gathering them on one rank: an all-reduce of the row maxima, then one of the sums of exp and
 of the target's logit.
 
-With `sequence_parallel=True` the layers trade f and g for the sequence-parallel functions
-of `sequence.py`: a column-parallel layer all-gathers its input's tokens instead of applying f,
-a row-parallel layer (and the embedding) reduce-scatters its output along the sequence instead
-of applying g.
+Each layer names its communication in one small method — `enter` (f) on the column-parallel
+layer, `reduce` (g) on the row-parallel layer and the embedding — and nothing else: sequence
+parallelism (`sequence.py`) extends these classes by overriding just those methods, and
+`TensorParallelLayers` lists the classes a tensor-parallel GPT is built from.
 
 Parameters cut across ranks carry `p.tensor_model_parallel = True` and `p.partition_dim`
 (Megatron-LM's attribute names); the others are replicated, identical on every rank.
 """
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 
 from minidist import functional as F
-from minidist.comm import all_gather, all_reduce, unchecked
-from minidist.comm.world import World, resolve
-from minidist.nn import Module, Parameter
-from minidist.parallel.sequence import gather_from_sequence_parallel_region, reduce_scatter_to_sequence_parallel_region
+from minidist.comm import all_gather, all_reduce, get_world
+from minidist.comm.world import World
+from minidist.nn import Dropout, Module, Parameter
 from minidist.tensor import Function, Tensor
 
 # ----------------------------------------------------------------------------- communication
-
-
-_ALGORITHM = ["auto"]
-
-
-@contextlib.contextmanager
-def all_reduce_algorithm(name: str):
-    """`with all_reduce_algorithm("ring"): ...` pins the algorithm of the all-reduces below
-    (default "auto"): to compare tensor parallelism's traffic with sequence parallelism's
-    reduce-scatter + all-gather, which are rings."""
-    previous, _ALGORITHM[0] = _ALGORITHM[0], name
-    try:
-        yield
-    finally:
-        _ALGORITHM[0] = previous
-
-
-def all_reduce_unchecked(array: np.ndarray, group: World, op: str = "sum") -> np.ndarray:
-    """All-reduce in place. Every rank runs the same model on the same shapes (checked once,
-    when the model is built), so the per-call consistency check is skipped: it would double
-    the number of messages of these small, latency-bound all-reduces."""
-    with unchecked():
-        return all_reduce(array, op=op, group=group, algorithm=_ALGORITHM[0])
 
 
 def _gather_last_dim(x: np.ndarray, group: World) -> np.ndarray:
     """Concatenate every rank's x along the last axis (all_gather concatenates flat arrays)."""
     t = group.size
     flat = np.empty(x.size * t, dtype=x.dtype)
-    with unchecked():
-        all_gather(np.ascontiguousarray(x), group=group, out=flat)
+    all_gather(np.ascontiguousarray(x), group=group, out=flat)
     return np.concatenate(np.split(flat.reshape(t, *x.shape), t, axis=0), axis=-1)[0]
 
 
@@ -107,7 +80,7 @@ class CopyToTensorParallelRegion(Function):
     @staticmethod
     def backward(ctx, g):
         g = np.array(g, copy=True)  # the incoming gradient may be shared: never reduce in place
-        return all_reduce_unchecked(g, ctx.group), None
+        return all_reduce(g, group=ctx.group), None
 
 
 class ReduceFromTensorParallelRegion(Function):
@@ -119,7 +92,7 @@ class ReduceFromTensorParallelRegion(Function):
 
     @staticmethod
     def forward(ctx, x, group):
-        return all_reduce_unchecked(np.array(x, copy=True), group)
+        return all_reduce(np.array(x, copy=True), group=group)
 
     @staticmethod
     def backward(ctx, g):
@@ -194,24 +167,26 @@ class ColumnParallelLinear(Module):
     several layers reading the same input (attention's q, k, v: one all-reduce in backward
     instead of three, which Megatron gets from its single fused qkv projection).
 
-    sequence_parallel=True: the input is this rank's T/t tokens; they are all-gathered (g-bar:
-    reduce-scatter in backward) instead of f. copy_input=False skips that too."""
+    `group` is the model's verified group (`TensorParallelGPT`), or any World: then every
+    collective checks its arguments first (chapter 7)."""
 
     def __init__(self, in_features: int, out_features: int, group: World | None = None, bias: bool = True,
-                 gather_output: bool = False, copy_input: bool = True, sequence_parallel: bool = False,
-                 dtype=None):
-        self.group = resolve(group)
+                 gather_output: bool = False, copy_input: bool = True, dtype=None):
+        self.group = get_world() if group is None else group
         self.in_features, self.out_features = in_features, out_features
         self.output_size_per_partition = divide(out_features, self.group.size, "out_features")
-        self.gather_output, self.copy_input, self.sequence_parallel = gather_output, copy_input, sequence_parallel
+        self.gather_output, self.copy_input = gather_output, copy_input
         self.weight = _split_parameter((out_features, in_features), 0, self.group, dtype)
         self.bias = _split_parameter((out_features,), 0, self.group, dtype) if bias else None
 
+    @staticmethod
+    def enter(x, group):
+        """f: the replicated input enters the split layer (identity; backward all-reduce)."""
+        return copy_to_tensor_parallel_region(x, group)
+
     def forward(self, x):
-        if self.copy_input and self.sequence_parallel:
-            x = gather_from_sequence_parallel_region(x, self.group)
-        elif self.copy_input:
-            x = copy_to_tensor_parallel_region(x, self.group)
+        if self.copy_input:
+            x = self.enter(x, self.group)
         y = F.linear(x, self.weight, self.bias)
         return gather_from_tensor_parallel_region(y, self.group) if self.gather_output else y
 
@@ -221,44 +196,46 @@ class RowParallelLinear(Module):
 
     The input is already split by features (input_is_parallel=True, the output of a
     column-parallel layer) or is split here. Each rank's X_r A_r^T is a partial sum of Y; g adds
-    them up. The bias is replicated and added once, after the sum.
-
-    sequence_parallel=True: the sum is reduce-scattered along the sequence instead of
-    all-reduced; the output (and the bias, added after) is this rank's T/t tokens."""
+    them up. The bias is replicated and added once, after the sum."""
 
     def __init__(self, in_features: int, out_features: int, group: World | None = None, bias: bool = True,
-                 input_is_parallel: bool = True, sequence_parallel: bool = False, dtype=None):
-        self.group = resolve(group)
+                 input_is_parallel: bool = True, dtype=None):
+        self.group = get_world() if group is None else group
         self.in_features, self.out_features = in_features, out_features
         self.input_size_per_partition = divide(in_features, self.group.size, "in_features")
-        self.input_is_parallel, self.sequence_parallel = input_is_parallel, sequence_parallel
+        self.input_is_parallel = input_is_parallel
         self.weight = _split_parameter((out_features, in_features), 1, self.group, dtype)
         self.bias = Parameter(np.zeros(out_features), dtype) if bias else None
+
+    @staticmethod
+    def reduce(partial, group):
+        """g: the ranks' partial sums add up to the output (all-reduce; backward identity)."""
+        return reduce_from_tensor_parallel_region(partial, group)
 
     def forward(self, x):
         if not self.input_is_parallel:
             x = scatter_to_tensor_parallel_region(x, self.group)
-        reduce = reduce_scatter_to_sequence_parallel_region if self.sequence_parallel else reduce_from_tensor_parallel_region
-        y = reduce(F.linear(x, self.weight), self.group)
+        y = self.reduce(F.linear(x, self.weight), self.group)
         return y if self.bias is None else y + self.bias
 
 
 class VocabParallelEmbedding(Module):
     """An embedding table cut by rows (vocabulary entries): this rank holds ids
     [vocab_start_index, vocab_end_index). Ids outside the range look up a zero row; g sums the
-    ranks' rows, and exactly one rank contributed each id's embedding. With
-    sequence_parallel=True the sum is reduce-scattered along the sequence (this rank's T/t
-    tokens) instead of all-reduced."""
+    ranks' rows, and exactly one rank contributed each id's embedding."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, group: World | None = None,
-                 sequence_parallel: bool = False, dtype=None):
-        self.group = resolve(group)
-        self.sequence_parallel = sequence_parallel
+    def __init__(self, num_embeddings: int, embedding_dim: int, group: World | None = None, dtype=None):
+        self.group = get_world() if group is None else group
         self.num_embeddings = num_embeddings
         per_rank = divide(num_embeddings, self.group.size, "vocab_size")
         self.vocab_start_index = self.group.rank * per_rank
         self.vocab_end_index = self.vocab_start_index + per_rank
         self.weight = _split_parameter((num_embeddings, embedding_dim), 0, self.group, dtype)
+
+    @staticmethod
+    def reduce(rows, group):
+        """g: the ranks' rows add up to the embedding (one rank looked up each id)."""
+        return reduce_from_tensor_parallel_region(rows, group)
 
     def forward(self, ids):
         ids = np.asarray(ids.data if isinstance(ids, Tensor) else ids)
@@ -267,9 +244,21 @@ class VocabParallelEmbedding(Module):
         outside = (ids < self.vocab_start_index) | (ids >= self.vocab_end_index)
         local_ids = np.where(outside, 0, ids - self.vocab_start_index)  # any valid row; zeroed next
         rows = F.masked_fill(F.embedding(local_ids, self.weight), outside[..., None], 0.0)
-        if self.sequence_parallel:
-            return reduce_scatter_to_sequence_parallel_region(rows, self.group)
-        return reduce_from_tensor_parallel_region(rows, self.group)
+        return self.reduce(rows, self.group)
+
+
+class TensorParallelLayers:
+    """The layers a tensor-parallel GPT is built from (`tensor_parallel.py`). Sequence
+    parallelism (`sequence.py`) builds the same GPT from its own list: chosen once, with the model."""
+
+    column = ColumnParallelLinear
+    row = RowParallelLinear
+    embedding = VocabParallelEmbedding
+
+    @staticmethod
+    def dropout(p: float, group: World, seed: int) -> Module:
+        """Dropout on the replicated activation: every rank draws the serial model's mask."""
+        return Dropout(p, seed=seed)
 
 
 # ----------------------------------------------------------------------------- loss
@@ -292,7 +281,7 @@ class VocabParallelCrossEntropy(Function):
         rows = np.arange(flat.shape[0])
         counted = ids != ignore_index
         row_max = flat.max(axis=-1)
-        all_reduce_unchecked(row_max, group, op="max")
+        all_reduce(row_max, op="max", group=group)
         shifted = flat - row_max[:, None]
         local = ids - vocab_start
         mine = counted & (local >= 0) & (local < n_local)  # rows whose target is in my slice
@@ -301,7 +290,7 @@ class VocabParallelCrossEntropy(Function):
         stats[1] = np.where(mine, shifted[rows, local], 0.0)
         np.exp(shifted, out=shifted)
         stats[0] = shifted.sum(axis=-1)
-        all_reduce_unchecked(stats, group)  # one message for both sums
+        all_reduce(stats, group=group)  # one message for both sums
         total, picked = stats
         count = max(int(counted.sum()), 1)
         loss = -np.where(counted, picked - np.log(total), 0.0).sum() / count
@@ -337,7 +326,6 @@ def vocab_parallel_argmax(logits: np.ndarray, group: World, vocab_start: int) ->
     np.argmax): all-reduce the maxima, then the lowest id reaching the maximum."""
     best = logits.max(axis=-1)
     global_best = best.copy()  # a copy: the all-reduce works in place
-    all_reduce_unchecked(global_best, group, op="max")
+    all_reduce(global_best, op="max", group=group)
     ids = np.where(best == global_best, logits.argmax(axis=-1) + vocab_start, np.iinfo(np.int64).max)
-    ids = np.ascontiguousarray(ids, dtype=np.int64)
-    return all_reduce_unchecked(ids, group, op="min")
+    return all_reduce(np.ascontiguousarray(ids, dtype=np.int64), op="min", group=group)

@@ -21,9 +21,19 @@ back into exactly the serial model's state dict. Shards are cut from the same de
 initialisation (seeded by parameter name), so tp = 1, 2, 4 start from the same weights and
 train to the same weights as `SerialTrainer` (tests/test_parallel_tensor.py, float64, 1e-9).
 
-`sequence_parallel=True` (part 3, `sequence.py`) runs the LayerNorms, residual adds and dropouts
-on this rank's T/t tokens: every g becomes a reduce-scatter, every f an all-gather, and the
-replicated parameters' gradients are summed over the group after backward.
+The model verifies its group once, when it is built (`World.verify`: the same config, tp and
+dtype on every rank, from which every later message's size follows), and its layers keep that
+verified group, so each collective is one line with no per-call check. On one machine the
+all-reduces (algorithm "auto") go through the shared-memory window (`comm/shared_memory.py`).
+
+`SequenceParallelGPT` (part 3, `sequence.py`) is the same model built from sequence
+parallelism's layers: the LayerNorms, residual adds and dropouts run on this rank's T/t tokens,
+every g becomes a reduce-scatter, every f an all-gather, and the replicated parameters'
+gradients are summed over the group after backward.
+
+The formulas sit with their kind: parameters per rank in `memory.tensor_parallel_parameter_counts`,
+the activations sequence parallelism saves in `memory.sequence_parallel_activation_bytes`, bytes
+per step in `comm.cost.tensor_parallel_traffic_per_step`.
 """
 from __future__ import annotations
 
@@ -33,20 +43,16 @@ import numpy as np
 
 from minidist import functional as F
 from minidist import memory
-from minidist.comm import all_gather
+from minidist.comm import all_gather, all_reduce
 from minidist.comm.world import World, resolve
 from minidist.model import GPTConfig, init_weights
-from minidist.nn import Dropout, Embedding, LayerNorm, Module, ModuleList, Parameter
+from minidist.nn import Embedding, LayerNorm, Module, ModuleList, Parameter
 from minidist.optim import clip_grad_norm_, set_lr
-from minidist.parallel.sequence import (SequenceParallelDropout, allreduce_sequence_parallel_grads,
-                                        check_sequence_length, gather_from_sequence_parallel_region,
-                                        mark_sequence_parallel)
-from minidist.parallel.tensor_layers import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
-                                             all_reduce_unchecked,
-                                             copy_to_tensor_parallel_region, vocab_parallel_argmax,
-                                             vocab_parallel_cross_entropy)
-from minidist.tensor import Tensor, graph_bytes
-from minidist.train import OptimSettings, make_optimizer
+from minidist.parallel.sequence import (SequenceParallelLayers, allreduce_sequence_parallel_grads,
+                                        check_sequence_length, mark_sequence_parallel)
+from minidist.parallel.tensor_layers import TensorParallelLayers, vocab_parallel_argmax, vocab_parallel_cross_entropy
+from minidist.tensor import Tensor, get_default_dtype, graph_bytes
+from minidist.train import OptimSettings, Trainer, make_optimizer
 
 
 def check_tensor_parallel(config: GPTConfig, tp: int, sequence_parallel: bool = False) -> None:
@@ -64,33 +70,25 @@ def check_tensor_parallel(config: GPTConfig, tp: int, sequence_parallel: bool = 
         check_sequence_length(config.block_size, tp)
 
 
-def _dropout(p: float, group: World, seed: int, sequence_parallel: bool):
-    """Dropout on the replicated (B, T, C) activation, or on this rank's T/t tokens of it."""
-    return SequenceParallelDropout(p, group, seed=seed) if sequence_parallel else Dropout(p, seed=seed)
-
-
 # ----------------------------------------------------------------------------- the model
 
 
 class ParallelAttention(Module):
-    """Causal self-attention with this rank's n_head/t heads; one f, one g (with sequence
-    parallelism: one all-gather of the tokens, one reduce-scatter)."""
+    """Causal self-attention with this rank's n_head/t heads; one f, one g (built from
+    sequence parallelism's layers: one all-gather of the tokens, one reduce-scatter)."""
 
-    def __init__(self, config: GPTConfig, group: World, seed: int = 0, sequence_parallel: bool = False):
+    def __init__(self, config: GPTConfig, group: World, seed: int = 0, layers=TensorParallelLayers):
         c, t = config.n_embd, group.size
-        self.group, self.sequence_parallel = group, sequence_parallel
+        self.group = group
         self.n_head_local = config.n_head // t
-        self.q_proj, self.k_proj, self.v_proj = (ColumnParallelLinear(c, c, group, copy_input=False) for _ in range(3))
-        self.c_proj = RowParallelLinear(c, c, group, sequence_parallel=sequence_parallel)
+        self.q_proj, self.k_proj, self.v_proj = (layers.column(c, c, group, copy_input=False) for _ in range(3))
+        self.c_proj = layers.row(c, c, group)
         self.dropout_p = config.dropout
         self.attn_rng = np.random.default_rng([seed, 1, group.rank])  # other heads, other masks
-        self.resid_dropout = _dropout(config.dropout, group, seed, sequence_parallel)  # the serial mask
+        self.resid_dropout = layers.dropout(config.dropout, group, seed)  # the serial mask
 
     def forward(self, x):
-        if self.sequence_parallel:  # attention mixes tokens: it needs all of them (g-bar)
-            x = gather_from_sequence_parallel_region(x, self.group)
-        else:
-            x = copy_to_tensor_parallel_region(x, self.group)  # f, once for q, k and v
+        x = self.q_proj.enter(x, self.group)  # f once for q, k and v: one all-reduce in backward (chapter 6)
         b, t, _ = x.shape
 
         def heads(y):  # (B, T, C/t) -> (B, H/t, T, D): rank r's columns are heads r·H/t ...
@@ -104,24 +102,22 @@ class ParallelAttention(Module):
 
 
 class ParallelMLP(Module):
-    def __init__(self, config: GPTConfig, group: World, seed: int = 0, sequence_parallel: bool = False):
-        c, sp = config.n_embd, sequence_parallel
-        self.c_fc = ColumnParallelLinear(c, 4 * c, group, sequence_parallel=sp)  # f (or all-gather) inside
-        self.c_proj = RowParallelLinear(4 * c, c, group, sequence_parallel=sp)  # g (or reduce-scatter) inside
-        self.dropout = _dropout(config.dropout, group, seed, sp)
+    def __init__(self, config: GPTConfig, group: World, seed: int = 0, layers=TensorParallelLayers):
+        c = config.n_embd
+        self.c_fc = layers.column(c, 4 * c, group)  # f inside
+        self.c_proj = layers.row(4 * c, c, group)  # g inside
+        self.dropout = layers.dropout(config.dropout, group, seed)
 
     def forward(self, x):
         return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))  # GELU works on the slice
 
 
 class ParallelBlock(Module):
-    """With sequence parallelism x is (B, T/t, C): the LayerNorms and the adds see T/t tokens."""
-
-    def __init__(self, config: GPTConfig, group: World, seed: int = 0, sequence_parallel: bool = False):
+    def __init__(self, config: GPTConfig, group: World, seed: int = 0, layers=TensorParallelLayers):
         self.ln_1 = LayerNorm(config.n_embd)
-        self.attn = ParallelAttention(config, group, seed=seed, sequence_parallel=sequence_parallel)
+        self.attn = ParallelAttention(config, group, seed=seed, layers=layers)
         self.ln_2 = LayerNorm(config.n_embd)
-        self.mlp = ParallelMLP(config, group, seed=seed + 1, sequence_parallel=sequence_parallel)
+        self.mlp = ParallelMLP(config, group, seed=seed + 1, layers=layers)
 
     def forward(self, x):
         x = x + self.attn(self.ln_1(x))
@@ -129,47 +125,44 @@ class ParallelBlock(Module):
 
 
 class TensorParallelGPT(Module):
-    """This rank's shard of the GPT; same parameter names as `minidist.model.GPT`.
+    """This rank's shard of the GPT; same parameter names as `minidist.model.GPT`."""
 
-    sequence_parallel=True: between the split layers, activations are this rank's T/t tokens."""
+    layers = TensorParallelLayers  # what the modules are built from (SequenceParallelGPT: its own)
 
-    def __init__(self, config: GPTConfig, group: World | None = None, seed: int = 0, sequence_parallel: bool = False):
-        self.group = group = resolve(group)
-        sp = self.sequence_parallel = sequence_parallel
-        check_tensor_parallel(config, group.size, sp)
+    def __init__(self, config: GPTConfig, group: World | None = None, seed: int = 0):
+        world = resolve(group)
+        check_tensor_parallel(config, world.size)
         self.config = config
-        self.wte = VocabParallelEmbedding(config.vocab_size, config.n_embd, group, sequence_parallel=sp)
+        # every message's size follows from these facts: checked once here, never per call (chapter 7)
+        facts = [config, world.size, get_default_dtype().str]
+        self.group = group = world.verify("the tensor-parallel layout", facts)
+        layers = self.layers
+        self.wte = layers.embedding(config.vocab_size, config.n_embd, group)
         self.wpe = Embedding(config.block_size, config.n_embd)
-        self.drop = _dropout(config.dropout, group, seed, sp)
-        self.h = ModuleList(ParallelBlock(config, group, seed=seed + 2 * (i + 1), sequence_parallel=sp)
+        self.drop = layers.dropout(config.dropout, group, seed)
+        self.h = ModuleList(ParallelBlock(config, group, seed=seed + 2 * (i + 1), layers=layers)
                             for i in range(config.n_layer))
         self.ln_f = LayerNorm(config.n_embd)
         if not config.tie_weights:  # the head's weight is split like the vocabulary: (V/t, C)
-            self.lm_head = ColumnParallelLinear(config.n_embd, config.vocab_size, group, bias=False,
-                                                sequence_parallel=sp)
+            self.lm_head = layers.column(config.n_embd, config.vocab_size, group, bias=False)
         init_shards(self, seed)
-        if sp:  # replicated, but each rank's gradient comes from its T/t tokens only: summed later
-            mark_sequence_parallel(self.wpe, self.ln_f, *(m for b in self.h for m in (b.ln_1, b.ln_2)))
-            for block in self.h:
-                block.attn.c_proj.bias.sequence_parallel = block.mlp.c_proj.bias.sequence_parallel = True
+
+    def positions(self, length: int) -> np.ndarray:
+        """The positions of the tokens this rank's activations hold: all of them."""
+        return np.arange(length)
 
     def forward(self, idx, targets=None):
         """This rank's logits (batch, time, V/t) and, given targets, the global mean loss."""
         idx = np.asarray(idx.data if isinstance(idx, Tensor) else idx)
         if idx.ndim != 2 or idx.shape[1] > self.config.block_size:
             raise ValueError(f"GPT expects ids of shape (batch, time <= {self.config.block_size}), got {idx.shape}")
-        positions = np.arange(idx.shape[1])
-        if self.sequence_parallel:  # wte reduce-scatters: add the positions of my T/t tokens
-            check_sequence_length(idx.shape[1], self.group.size)
-            positions = np.split(positions, self.group.size)[self.group.rank]
+        positions = self.positions(idx.shape[1])
         x = self.drop(self.wte(idx) + self.wpe(positions))
         for block in self.h:
             x = block(x)
         x = self.ln_f(x)
-        if self.config.tie_weights and self.sequence_parallel:  # the head needs every token: g-bar
-            logits = F.linear(gather_from_sequence_parallel_region(x, self.group), self.wte.weight)
-        elif self.config.tie_weights:  # logits = x wte^T: a column-parallel linear with wte's rows
-            logits = F.linear(copy_to_tensor_parallel_region(x, self.group), self.wte.weight)
+        if self.config.tie_weights:  # logits = x wte^T: a column-parallel linear with wte's rows
+            logits = F.linear(self.layers.column.enter(x, self.group), self.wte.weight)
         else:
             logits = self.lm_head(x)
         loss = None
@@ -177,6 +170,25 @@ class TensorParallelGPT(Module):
             loss = vocab_parallel_cross_entropy(logits, targets, self.group, self.wte.vocab_start_index,
                                                 self.config.vocab_size)
         return logits, loss
+
+
+class SequenceParallelGPT(TensorParallelGPT):
+    """The tensor-parallel GPT built from sequence parallelism's layers (`sequence.py`): between
+    the split layers, activations are this rank's T/t tokens. The LayerNorms and wpe are tagged
+    for the gradient all-reduce here; the row-parallel biases tag themselves."""
+
+    layers = SequenceParallelLayers
+
+    def __init__(self, config: GPTConfig, group: World | None = None, seed: int = 0):
+        check_sequence_length(config.block_size, resolve(group).size)
+        super().__init__(config, group, seed)
+        # replicated but fed T/t tokens: partial gradients, summed after backward (chapter 6, section 8)
+        mark_sequence_parallel(self.wpe, self.ln_f, *(m for b in self.h for m in (b.ln_1, b.ln_2)))
+
+    def positions(self, length: int) -> np.ndarray:
+        """The positions of this rank's T/t tokens: the embedding reduce-scatters along the sequence."""
+        check_sequence_length(length, self.group.size)
+        return np.split(np.arange(length), self.group.size)[self.group.rank]
 
 
 # ----------------------------------------------------------------------------- shards of the serial model
@@ -246,88 +258,32 @@ def clip_grad_norm_tensor_parallel_(model: Module, max_norm: float, group: World
         return sum(float(np.dot(p.grad.ravel(), p.grad.ravel())) for p in params if p.grad is not None)
 
     total = np.array([squares(split)])
-    all_reduce_unchecked(total, group)
+    all_reduce(total, group=group)
     norm = math.sqrt(float(total[0]) + squares(replicated))
     return clip_grad_norm_(split + replicated, max_norm, total_norm=norm)
-
-
-# ----------------------------------------------------------------------------- the formulas
-
-
-def parameter_counts(config: GPTConfig, tp: int) -> dict:
-    """How many parameters are split over the tp ranks and how many every rank replicates.
-
-    Split, per block: q, k, v, c_proj weights (4C²) and q, k, v biases (3C); c_fc (4C² + 4C)
-    and the MLP's c_proj weight (4C²): 12C² + 7C. Plus wte (VC) and an untied head (VC).
-    Replicated, per block: two LayerNorms (4C) and the two row-parallel biases (2C): 6C.
-    Plus wpe (T·C) and ln_f (2C). A rank holds split / tp + replicated."""
-    V, T, L, C = config.vocab_size, config.block_size, config.n_layer, config.n_embd
-    split = L * (12 * C * C + 7 * C) + V * C * (1 if config.tie_weights else 2)
-    replicated = L * 6 * C + T * C + 2 * C
-    return {"split": split, "replicated": replicated, "per_rank": split // tp + replicated}
-
-
-def traffic_per_step(config: GPTConfig, batch: int, tp: int, itemsize: int = 4, seq: int | None = None,
-                     sequence_parallel: bool = False, one_machine: bool = True) -> dict:
-    """All-reduces of one training step and the bytes each rank sends for them (predicted).
-
-    Activations of B·T·C elements: 2 per block forward (g after attention and MLP), 2 per block
-    backward (f before them), the embedding's g and the head's f: 4L + 2. Small ones of B·T
-    elements: the loss's max and its two sums (one message), the accuracy's argmax (max, then
-    min of int64 ids); and one number for the gradient norm. Bytes per call are those of the
-    algorithm all_reduce picks for that size (`minidist.comm.cost.terms`): with every rank on one
-    machine (one_machine=True, as under mpirun here) shared memory, which sends (t-1) x the array
-    up to 64 KB and 2(t-1)/t of it above, like the ring; across machines the alpha-beta choice.
-
-    sequence_parallel=True: each B·T·C all-reduce becomes one reduce-scatter and one all-gather
-    (ring: (t-1)/t of the array each, together a ring all-reduce's bytes), and one all-reduce of
-    the replicated parameters' partial gradients is added."""
-    from minidist.comm.collectives import auto_algorithm
-    from minidist.comm.cost import terms
-
-    seq = config.block_size if seq is None else seq
-    n = batch * seq
-    activations = (n * config.n_embd * itemsize, 4 * config.n_layer + 2, "activations (B·T·C)")
-    calls = [(n * itemsize, 1, "loss: row max"), (2 * n * itemsize, 1, "loss: sum of exp and target logit"),
-             (n * itemsize, 1, "accuracy: max"), (n * 8, 1, "accuracy: argmax id (int64)"),
-             (8, 1, "gradient norm")]
-    if sequence_parallel:
-        grads = parameter_counts(config, tp)["replicated"] * itemsize
-        calls.append((grads, 1, "sequence-parallel gradients (LayerNorms, row biases, wpe)"))
-    else:
-        calls.insert(0, activations)
-    halves = activations[1] if sequence_parallel else 0  # reduce-scatters, and as many all-gathers
-    if tp == 1:
-        return {"all_reduces": 0, "reduce_scatters": 0, "all_gathers": 0, "bytes_sent": 0, "calls": calls}
-    def chosen(nbytes):
-        return "shared_memory" if one_machine else auto_algorithm(nbytes, tp)
-
-    sent = sum(count * terms("all_reduce", chosen(nbytes), tp, nbytes)[1] for nbytes, count, _ in calls)
-    sent += halves * sum(terms(kind, "ring", tp, activations[0])[1] for kind in ("reduce_scatter", "all_gather"))
-    return {"all_reduces": sum(c for _, c, _ in calls), "reduce_scatters": halves, "all_gathers": halves,
-            "bytes_sent": int(round(sent)), "calls": calls}
 
 
 # ----------------------------------------------------------------------------- the trainer
 
 
-class TensorParallelTrainer:
+class TensorParallelTrainer(Trainer):
     """The serial training step with every rank of `group` holding 1/t of the big matrices.
 
     All ranks see the same batch (tensor parallelism splits the model, not the data).
-    sequence_parallel=True: also split the LayerNorm/dropout/residual activations by tokens."""
+    sequence_parallel=True: the model is a `SequenceParallelGPT`, which also splits the
+    LayerNorm/dropout/residual activations by tokens."""
 
     name = "tp"
 
     def __init__(self, config: GPTConfig, settings: OptimSettings, task, batch_size: int, seed: int = 0,
                  group: World | None = None, sequence_parallel: bool = False):
-        self.world = resolve(group)
-        check_tensor_parallel(config, self.world.size, sequence_parallel)
+        check_tensor_parallel(config, resolve(group).size, sequence_parallel)
         self.sequence_parallel = sequence_parallel
         self.name = "tp-sp" if sequence_parallel else "tp"
         self.config, self.settings, self.task, self.batch_size = config, settings, task, batch_size
-        self.local_model = TensorParallelGPT(config, self.world, seed=seed,  # this rank's shard
-                                             sequence_parallel=sequence_parallel)
+        model = SequenceParallelGPT if sequence_parallel else TensorParallelGPT
+        self.local_model = model(config, group, seed=seed)  # this rank's shard
+        self.group = self.local_model.group  # verified when the model was built
         self.model = None  # no full model to sample from on one rank (see the chapter)
         self.optimizer = make_optimizer(self.local_model, settings)  # AdamW is elementwise: shards fine
         self.activation_bytes = 0
@@ -342,16 +298,16 @@ class TensorParallelTrainer:
         self.local_model.zero_grad()
         loss.backward()
         if self.sequence_parallel:  # before clipping: the norm needs the whole gradients
-            allreduce_sequence_parallel_grads(self.local_model, self.world)
+            allreduce_sequence_parallel_grads(self.local_model, self.group)
         s = self.settings
         if s.clip:
-            self.last_grad_norm = clip_grad_norm_tensor_parallel_(self.local_model, s.clip, self.world)
+            self.last_grad_norm = clip_grad_norm_tensor_parallel_(self.local_model, s.clip, self.group)
         set_lr(self.optimizer, s.lr_at(step))
         self.optimizer.step()
         return loss.item(), self.accuracy(logits.data, y)
 
     def accuracy(self, logits: np.ndarray, targets, ignore_index: int = -100) -> float:
-        predictions = vocab_parallel_argmax(logits, self.world, self.local_model.wte.vocab_start_index)
+        predictions = vocab_parallel_argmax(logits, self.group, self.local_model.wte.vocab_start_index)
         counted = np.asarray(targets) != ignore_index
         return float((predictions == targets)[counted].mean()) if counted.any() else float("nan")
 
