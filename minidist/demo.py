@@ -18,7 +18,7 @@ comm (one entry per rank: bytes_sent, bytes_received, messages, ...); for pipeli
 peak_activations); with --balance `rows_per_rank` (the split of every step); for the
 tour `tour` (one row per strategy); `algorithm` (the --algorithm asked for) and
 `all_reduce_algorithms` (those that really ran, e.g. ["shared_memory"] for "auto" on one
-machine; also in every tour row).
+machine; also in every tour row), `kernels` (fast or plain).
 
 Under `mpirun -n N` with no layout flags the demo runs the tour: the serial reference on rank 0
 (the others wait politely, without spinning), then every strategy in `minidist/strategies.py`
@@ -40,6 +40,7 @@ from minidist import comm as dist, strategies
 from minidist.data import make_task
 from minidist.comm import all_reduce_algorithm, faults, traffic
 from minidist.comm.collectives import ALL_REDUCE
+from minidist.kernels import kernels
 from minidist.model import GPTConfig
 from minidist.runtime import limit_threads_per_rank, tune_malloc
 from minidist.tensor import set_default_dtype
@@ -85,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="data parallelism: re-split the batch every step by each rank's speed (chapter 3, section 7)")
     p.add_argument("--algorithm", choices=["auto", *ALL_REDUCE], default="auto",
                    help="all-reduce algorithm of every strategy (chapter 7); auto: shared memory on one machine")
+    p.add_argument("--kernels", choices=["fast", "plain"], default="fast",
+                   help="the operations' code path (chapter 1): fused_fast.py, or fused.py as its formulas")
     p.add_argument("--json", metavar="PATH", help="write the run's measurements as JSON (rank 0)")
     p.add_argument("--save", metavar="PATH.npz", help="write the final weights, keyed by parameter name")
     return p
@@ -229,9 +232,10 @@ def main(argv=None) -> int:
     except (ValueError, FileNotFoundError) as error:
         faults.fail(str(error))
     set_default_dtype(args.dtype)
+    kernels(args.kernels)
 
     report = {"world_size": world.size, "layout": layout, "dtype": args.dtype, "config": config.to_dict(),
-              "algorithm": args.algorithm}
+              "algorithm": args.algorithm, "kernels": args.kernels}
     with all_reduce_algorithm(args.algorithm):  # every strategy's all-reduces, unless it names one
         if kind is None:
             report["tour"] = tour(args, config, task, world)

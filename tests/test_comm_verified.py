@@ -77,7 +77,7 @@ def test_verify_names_what_differs_on_every_rank(results):
     assert len(outs) == n
     for out in outs:
         assert out["mismatch"] is not None
-        assert "the shard shapes differ between the ranks of this group of " + str(n) in out["mismatch"]
+        assert f"the shard shapes: not the same on every rank of this group of {n} (ranks [0] vs ranks [1]" in out["mismatch"]
 
 
 def test_auto_is_shared_memory_on_one_machine_and_the_default_can_be_set(results):

@@ -1,5 +1,6 @@
 """The demo's command line is a contract: flags, --json keys, --save, one-line errors."""
 import json
+import os
 import subprocess
 import sys
 
@@ -8,6 +9,7 @@ import pytest
 
 from minidist.comm.launch import find_mpiexec
 from minidist.model import GPT, GPTConfig
+from minidist.runtime import cores_available
 from minidist.tensor import default_dtype
 
 SMALL = ["--n-layer", "2", "--n-embd", "32", "--n-head", "2", "--block-size", "16", "--batch-size", "8",
@@ -118,6 +120,52 @@ def test_tour_compares_strategies_with_serial(tmp_path):
         assert row["max_abs_diff_from_serial"] < 1e-10, row
     assert rows["dp"]["bytes_sent_per_rank"] > 0 and rows["serial"]["bytes_sent_per_rank"] == 0
     assert "max |w - serial|" in proc.stdout
+    # which all-reduce ran: on one machine "auto" is the shared-memory window
+    assert report["algorithm"] == "auto"
+    assert rows["dp"]["all_reduce_algorithms"] == ["shared_memory"] and rows["serial"]["all_reduce_algorithms"] == []
+    # stdout: one labelled line per strategy (the sample once), no unlabelled step lines
+    labelled = [line.split()[0] for line in proc.stdout.splitlines() if " ms/step " in line]
+    assert labelled == [row["strategy"] for row in report["tour"]], proc.stdout
+    assert proc.stdout.count("| sample ") == 1 and "step    0 |" not in proc.stdout
+
+
+def test_plain_kernels_give_the_fast_kernels_numbers(tmp_path):
+    fast, plain = tmp_path / "fast.json", tmp_path / "plain.json"
+    common = ["--steps", "3", "--dtype", "float64", *SMALL]
+    assert demo(*common, "--json", str(fast)).returncode == 0
+    proc = demo(*common, "--kernels", "plain", "--json", str(plain))
+    assert proc.returncode == 0, proc.stderr
+    got, want = json.loads(plain.read_text()), json.loads(fast.read_text())
+    assert got["kernels"] == "plain" and want["kernels"] == "fast"
+    np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-12)
+
+
+def test_algorithm_flag_runs_a_strategy_over_the_named_all_reduce(tmp_path):
+    serial_out, out = tmp_path / "s.json", tmp_path / "ring.json"
+    common = ["--steps", "3", "--dtype", "float64", *SMALL]
+    assert demo(*common, "--json", str(serial_out)).returncode == 0
+    proc = demo(*common, "--dp", "2", "--algorithm", "ring", "--json", str(out), nprocs=2)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    report, serial = json.loads(out.read_text()), json.loads(serial_out.read_text())
+    assert report["algorithm"] == "ring" and report["all_reduce_algorithms"] == ["ring"]
+    np.testing.assert_allclose(report["losses"], serial["losses"], rtol=1e-9)
+
+
+def test_each_rank_gets_its_share_of_the_cores_for_blas(tmp_path):
+    """Without OMP_NUM_THREADS, BLAS would start a thread per core in every rank; the demo
+    limits each rank to cores // ranks-on-this-machine and says so once."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+    cores = cores_available()
+    cmd = [find_mpiexec(), "-n", "2", sys.executable, "-m", "minidist.demo", "--dp", "2", "--steps", "1", *SMALL]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
+    assert proc.returncode == 0, proc.stderr
+    said = [line for line in proc.stderr.splitlines() if "BLAS/OpenMP thread" in line]
+    if cores >= 2:
+        share = cores // 2
+        assert len(said) == 1 and f"2 ranks share {cores} cores" in said[0], proc.stderr
+        assert f": {share} BLAS/OpenMP thread" in said[0]
+    else:
+        assert said == []
 
 
 def test_interleaved_pipeline_reproduces_serial(tmp_path):

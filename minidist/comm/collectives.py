@@ -141,7 +141,7 @@ class _Ctx:
 
 
 _BYTE = MPI.BYTE
-_testall = MPI.Request.Testall
+_testall = MPI.Request.Testall  # one call for all of a step's requests: small ones are usually done already
 
 
 def _ready(pending) -> bool:

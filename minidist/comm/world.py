@@ -98,8 +98,8 @@ class World:
             groups = {}
             for rank, code in enumerate(codes):
                 groups.setdefault(code, []).append(rank)
-            raise CollectiveMismatch(f"{what} differ between the ranks of this group of {self.size}: "
-                                     + " vs ".join(f"ranks {ranks}" for ranks in groups.values()))
+            raise CollectiveMismatch(f"{what}: not the same on every rank of this group of {self.size} ("
+                                     + " vs ".join(f"ranks {ranks}" for ranks in groups.values()) + ")")
         return VerifiedGroup(self, what)
 
     # -- printing without interleaving ------------------------------------------------------

@@ -49,7 +49,7 @@ from minidist.optim import adamw_update
 from minidist.parallel import zero_checkpoint
 from minidist.parallel.fsdp import FullyShardedGPT
 from minidist.tensor import graph_bytes
-from minidist.train import OptimSettings
+from minidist.train import OptimSettings, Trainer
 
 BETAS, EPS = (0.9, 0.95), 1e-8  # as train.make_optimizer builds the serial AdamW
 
@@ -177,7 +177,7 @@ class ShardedAdamW:
 # ----------------------------------------------------------------------------- stage 1
 
 
-class Zero1Trainer:
+class Zero1Trainer(Trainer):
     """ZeRO stage 1: the serial training step with AdamW's moments cut into chunks.
 
         trainer = Zero1Trainer(config, settings, task, batch_size, group=world)
@@ -286,9 +286,6 @@ class Zero1Trainer:
     def state_dict(self) -> dict:
         """Full weights keyed like the serial model's."""
         return self.model.state_dict()
-
-    def report(self) -> dict:
-        return {}  # nothing beyond memory() and the traffic counters (train.Trainer)
 
     def save_checkpoint(self, directory) -> None:
         zero_checkpoint.save_checkpoint(self, directory)  # sharded: collective, every rank calls it
