@@ -9,10 +9,10 @@ Chapter 8. Between steps each rank keeps only its chunk of every unit (see zero.
               reduce-scatter the block's gradients the moment they are complete)
 
 Backward is driven by the autograd engine, which offers no hook on "a block's backward begins"
-or "ends", so the forward brackets each block with two identity Functions that are handed the
-block's `ShardedUnit`: `GatherForBackward` on the block's output (the engine reaches it before
-any of the block's operations) gathers it, `ReleaseAfterBackward` on the block's input (reached
-after all of them) releases it. They do only what they are handed; nothing calls back upwards.
+or "ends", so the forward brackets each block with an identity Function, `RunInBackward`, that
+is handed what to do: on the block's output (the engine reaches it before any of the block's
+operations) the unit's `gather_for_backward`, on the block's input (reached after all of them)
+its `release`. It does only what it is handed; nothing calls back upwards.
 
 The root unit (embeddings, final LayerNorm, the tied LM head) is used at both ends of the
 model, so it is gathered once when forward starts and released when backward is over
@@ -26,7 +26,7 @@ until backward and nothing would be saved. PyTorch FSDP frees the storage behind
 refills the same storage before backward. A NumPy array cannot be emptied under its views, so
 this file does the equivalent by hand: after a block's forward it walks the block's part of the
 graph and swaps every saved weight for a `Released` placeholder (and checks that nothing else
-points into the gathered buffer); `GatherForBackward` puts the re-gathered weights back.
+points into the gathered buffer); `gather_for_backward` puts the re-gathered weights back.
 """
 from __future__ import annotations
 
@@ -108,31 +108,18 @@ class ShardedUnit:
         self.stashed = []
 
 
-class GatherForBackward(Function):
-    """Identity on a block's output; backward reaches it first of the block: gather the unit."""
+class RunInBackward(Function):
+    """Identity in forward; when backward reaches it, it first runs the `action` it was handed
+    (a unit's gather or release: the engine has no hook on "a block's backward begins")."""
 
     @staticmethod
-    def forward(ctx, x, unit):
-        ctx.unit = unit
+    def forward(ctx, x, action):
+        ctx.action = action
         return x
 
     @staticmethod
     def backward(ctx, grad):
-        ctx.unit.gather_for_backward()
-        return grad, None
-
-
-class ReleaseAfterBackward(Function):
-    """Identity on a block's input; backward reaches it last of the block: release the unit."""
-
-    @staticmethod
-    def forward(ctx, x, unit):
-        ctx.unit = unit
-        return x
-
-    @staticmethod
-    def backward(ctx, grad):
-        ctx.unit.release()
+        ctx.action()
         return grad, None
 
 
@@ -161,11 +148,11 @@ class FullyShardedGPT:
         unit.gather()
         recording = is_grad_enabled()
         if recording:
-            x = ReleaseAfterBackward.apply(x, unit)
+            x = RunInBackward.apply(x, unit.release)  # reached last of the block
         y = block(x)
         if recording:
             unit.stash_saved_weights(y, x)
-            y = GatherForBackward.apply(y, unit)
+            y = RunInBackward.apply(y, unit.gather_for_backward)  # reached first
         unit.release()
         return y
 
