@@ -151,6 +151,10 @@ class TensorParallelGPT(Module):
         """The positions of the tokens this rank's activations hold: all of them."""
         return np.arange(length)
 
+    def finish_gradients(self) -> None:
+        """After backward, before clipping: nothing to do here. The replicated parameters saw
+        every token on every rank, so their gradients already agree."""
+
     def forward(self, idx, targets=None):
         """This rank's logits (batch, time, V/t) and, given targets, the global mean loss."""
         idx = np.asarray(idx.data if isinstance(idx, Tensor) else idx)
@@ -189,6 +193,11 @@ class SequenceParallelGPT(TensorParallelGPT):
         """The positions of this rank's T/t tokens: the embedding reduce-scatters along the sequence."""
         check_sequence_length(length, self.group.size)
         return np.split(np.arange(length), self.group.size)[self.group.rank]
+
+    def finish_gradients(self) -> None:
+        """The replicated parameters saw only this rank's T/t tokens: sum their partial gradients
+        over the group (before clipping: the norm needs the whole gradients)."""
+        allreduce_sequence_parallel_grads(self, self.group)
 
 
 # ----------------------------------------------------------------------------- shards of the serial model
@@ -278,7 +287,6 @@ class TensorParallelTrainer(Trainer):
     def __init__(self, config: GPTConfig, settings: OptimSettings, task, batch_size: int, seed: int = 0,
                  group: World | None = None, sequence_parallel: bool = False):
         check_tensor_parallel(config, resolve(group).size, sequence_parallel)
-        self.sequence_parallel = sequence_parallel
         self.name = "tp-sp" if sequence_parallel else "tp"
         self.config, self.settings, self.task, self.batch_size = config, settings, task, batch_size
         model = SequenceParallelGPT if sequence_parallel else TensorParallelGPT
@@ -297,8 +305,7 @@ class TensorParallelTrainer(Trainer):
             self.activation_bytes = graph_bytes(loss)
         self.local_model.zero_grad()
         loss.backward()
-        if self.sequence_parallel:  # before clipping: the norm needs the whole gradients
-            allreduce_sequence_parallel_grads(self.local_model, self.group)
+        self.local_model.finish_gradients()
         s = self.settings
         if s.clip:
             self.last_grad_norm = clip_grad_norm_tensor_parallel_(self.local_model, s.clip, self.group)
