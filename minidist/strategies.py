@@ -2,21 +2,21 @@
 
 Chapter 9 in miniature. The strategies in `minidist/parallel/` know nothing of each other;
 this is the one place that knows them all, for the demo and its tour. Each strategy is a
-trainer with the same face: `name`, `step(step) -> (loss, accuracy)`, `memory()`,
-`state_dict()` (collective: rank 0 receives the whole model), `num_parameters()`.
+`train.Trainer`: `name`, `step(step) -> (loss, accuracy)`, `memory()`, `state_dict()`
+(collective: rank 0 receives the whole model), `num_parameters()`, `report()`, `model`.
 
-    kind        layout flags                       chapter
-    serial      (none, one rank)                   1
-    dp          --dp N                             3
-    dp-naive    --dp N --naive-dp                  3
-    (either)    ... --balance: rows split by speed  3
-    mp          --pp N --microbatches 1            4
-    pp-gpipe    --pp N --microbatches M --schedule gpipe    5
-    pp-1f1b     --pp N --microbatches M --schedule 1f1b     5
+    kind        layout flags                       trainer                       chapter
+    serial      (none, one rank)                   SerialTrainer                 1
+    dp          --dp N                             DataParallelTrainer           3
+    dp-naive    --dp N --naive-dp                  ... (overlap=False)           3
+    (either)    ... --balance: rows split by speed BalancedDataParallelTrainer   3
+    mp          --pp N --microbatches 1            PipelineTrainer               4
+    pp-gpipe    --pp N --microbatches M --schedule gpipe                         5
+    pp-1f1b     --pp N --microbatches M --schedule 1f1b                          5
     pp-interleaved  --pp N --microbatches M --schedule interleaved [--virtual-stages V]   5
-    tp          --tp N                             6
-    tp-sp       --tp N --sequence-parallel         6
-    zero1..3    --dp N --zero S                    8
+    tp          --tp N                             TensorParallelTrainer         6
+    tp-sp       --tp N --sequence-parallel         ... (SequenceParallelGPT)     6
+    zero1..3    --dp N --zero S                    Zero1Trainer .. Zero3Trainer  8
 
 Layouts that combine several degrees (DP x TP x PP) are not built yet: a layout names one.
 """
