@@ -2,8 +2,7 @@
 
 Chapter 1. glibc's malloc returns medium-sized freed blocks (above its mmap threshold, 128 KiB
 at start) to the operating system, so every new temporary of that size page-faults again on
-first touch. A training step allocates thousands of such temporaries: measured on this machine,
-raising the thresholds halved an MLP block's time and brought the step to PyTorch's speed.
+first touch, and a training step allocates thousands of such temporaries.
 `tune_malloc()` keeps freed memory in the process instead. The demo, the benchmarks and the
 multi-rank launcher call it at start-up (it is a process-wide setting, so the library does not
 change it behind a user's back at import).

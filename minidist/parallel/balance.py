@@ -2,9 +2,8 @@
 
 Chapter 3, section 7. Every rank waits for every other at the gradient all-reduce, so a step
 takes as long as its slowest rank. With an even split of the global batch that is whichever
-core happens to be slow right now. On this shared 2-core machine the two virtual CPUs take
-turns being slower, by 11 ms of a 70 ms step in the median step, and every step waits for the
-slower one. On a cluster, one machine may simply be slower than the rest, step after step.
+core happens to be slow right now: on a shared machine the cores take turns being slower, and
+on a cluster one machine may simply be slower than the rest, step after step.
 
 The cure is to split the global batch *unevenly*, by speed. The update stays the serial one,
 whatever the split: the loss is a mean over all B rows, so if rank r holds n_r rows and `loss_r`
