@@ -20,11 +20,10 @@ step (the optimizer: the same work on every rank, but a slow core is slow at it 
 numbers travel in the all-reduce that already closes every step, so every rank gets the same
 numbers, computes the same split for the next step, and no extra message is sent.
 
-What it buys (`python -m minidist.bench dp --slow 1:3`, chapter 3 section 7): 6-35% against a
-rank that stays 40% slower. Against this machine's own unevenness, -0.11 to +0.17 on the speedup
-job by job: it wins where one core stays faster for a whole job, and loses a little where the
-slow core changes faster than the last steps' timings can predict. So `balance` is off by
-default.
+It pays against a rank that stays slow (`python -m minidist.bench dp --slow 1:3` measures it);
+against cores that take turns it can lose a little, since the last steps' timings cannot predict
+the next. So balancing is a choice (`BalancedDataParallelTrainer`, the demo's `--balance`), not
+the default.
 """
 from __future__ import annotations
 
