@@ -7,16 +7,16 @@ nothing of models. Read it in this order, one idea per file:
     p2p.py          point-to-point messages and the polite, timed wait
     traffic.py      counting messages and bytes per rank
     algorithms.py   collectives as schedules of messages: trees, recursive doubling, rings
-    collectives.py  the torch.distributed-style API, async Work, the mismatch check
+    consistency.py  the mismatch check every collective makes first (skipped on verified groups)
+    collectives.py  the torch.distributed-style API, async Work, what algorithm="auto" picks
     cost.py         the alpha-beta cost model and its fit
     faults.py       any rank's exception ends the whole job
     launch.py       run a function on N real MPI ranks from a test or a notebook
     sim.py          the same algorithms in one process, step by step (for notebooks)
 """
-from minidist.comm.collectives import (CollectiveMismatch, Work, all_gather, all_reduce, all_reduce_algorithm,
-                                       all_to_all, barrier, choose_all_reduce,
-                                       broadcast, reduce, reduce_scatter, set_check,
-                                       unchecked)
+from minidist.comm.collectives import (Work, all_gather, all_reduce, all_reduce_algorithm, all_to_all, barrier,
+                                       broadcast, choose_all_reduce, reduce, reduce_scatter)
+from minidist.comm.consistency import CollectiveMismatch, set_check, unchecked
 from minidist.comm.p2p import (CommTimeout, Request, irecv, isend, recv, send, sendrecv, set_wait_policy, wait,
                                wait_policy)
 from minidist.comm.world import VerifiedGroup, World, get_rank, get_world, get_world_size

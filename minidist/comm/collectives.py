@@ -17,22 +17,23 @@ Ops: "sum", "avg" (sum / N, float dtypes only), "max", "min". With `async_op=Tru
 returns a `Work` (`test()` / `is_completed()` advance it without blocking, `wait()` finishes
 it and returns the result) so compute can overlap with communication.
 
-Before any message, a cheap consistency check (MPI's own small Allgather of count, dtype,
-op, root and collective) makes a call with different sizes or dtypes on different ranks raise
-`CollectiveMismatch` on *every* rank, naming what each rank passed, instead of deadlocking or
-returning garbage. Benchmarks switch it off with `set_check(False)`.
+Before any message, a cheap consistency check (consistency.py) makes a call with different
+sizes or dtypes on different ranks raise `CollectiveMismatch` on *every* rank, naming what
+each rank passed, instead of deadlocking or returning garbage; on a group a strategy verified
+when it was built (`World.verify`) the check is skipped.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
-import zlib
 
 import numpy as np
 from mpi4py import MPI
 
 from minidist.comm import algorithms as alg
 from minidist.comm import cost, p2p, shared_memory, traffic
+from minidist.comm.consistency import (CollectiveMismatch, check_consistent, needs_check,  # noqa: F401
+                                       set_check, unchecked)
 from minidist.comm.world import World, resolve
 
 OPS = {"sum": np.add, "avg": np.add, "max": np.maximum, "min": np.minimum}
@@ -54,36 +55,6 @@ ALL_REDUCE = {
 BROADCAST = {"tree": alg.broadcast_tree, "naive": alg.broadcast_naive}
 REDUCE = {"tree": alg.reduce_tree, "naive": alg.reduce_naive}
 _KIND = {name: f"all_reduce.{name}" for name in ALL_REDUCE}  # the traffic kinds, made once
-
-
-class CollectiveMismatch(ValueError):
-    """Ranks called a collective with arguments that do not fit together."""
-
-
-_CHECK = [True]
-
-
-def set_check(enabled: bool) -> bool:
-    """Turn the consistency check on or off (on this rank; do it on all). Returns the old value."""
-    old, _CHECK[0] = _CHECK[0], bool(enabled)
-    return old
-
-
-def _checked(group) -> bool:
-    """Whether a call on `group` checks its arguments first: yes, unless the check is off or
-    the group was verified when its strategy was built (`World.verify`)."""
-    return _CHECK[0] and (group is None or group.checked)
-
-
-@contextlib.contextmanager
-def unchecked():
-    """Skip the check inside this block (benchmarks, and a user's own calls whose arguments
-    agree by construction). Strategies verify their groups instead (`World.verify`)."""
-    previous = set_check(False)
-    try:
-        yield
-    finally:
-        set_check(previous)
 
 
 # -- the machinery every collective shares ---------------------------------------------------
@@ -214,38 +185,6 @@ def _op(op: str, dtype, name: str):
     return OPS[op]
 
 
-def _code(text: str) -> int:
-    return zlib.crc32(text.encode())
-
-
-def check_consistent(world: World, name: str, count: int, dtype, op: str = "", root: int = -1,
-                     same_count: bool = True) -> np.ndarray:
-    """The mismatch check: every rank shares (collective, count, dtype, op, root) through a
-    small MPI Iallgather (waited for politely) and compares. Returns the counts per rank.
-    Counted in traffic under the kind "check" (bytes as if sent directly to every peer)."""
-    dtype = np.dtype(dtype)
-    mine = np.array([_code(name), count, _code(dtype.str), _code(op), root], dtype=np.int64)
-    table = np.empty((world.size, mine.size), dtype=np.int64)
-    req = world.coll_comm.Iallgather(mine, table)
-    p2p.wait([p2p.Request(req, "coll", -1, -1, table.nbytes, f"the consistency check of {name} (MPI Iallgather)", world)])
-    for _ in range(world.size - 1):
-        traffic.record_send("check", mine.nbytes)
-        traffic.record_recv("check", mine.nbytes)
-    fields = [0, 2, 3, 4] + ([1] if same_count else [])
-    if (table[:, fields] != mine[fields]).any():
-        # Every rank sees the same table, so every rank raises the same error.
-        names = {_code(n): n for n in ("all_reduce", "reduce", "broadcast", "reduce_scatter",
-                                       "all_gather", "all_to_all")}
-        types = {_code(np.dtype(t).str): np.dtype(t).name for t in np.typecodes["All"] if t not in "OMmVSUa"}
-        rows = [f"rank {r}: {names.get(c, '?')}(count={n}, dtype={types.get(d, d)}"
-                + (f", op={op}" if op else "") + (f", root={rt}" if rt >= 0 else "") + ")"
-                for r, (c, n, d, o, rt) in enumerate(table.tolist())]
-        raise CollectiveMismatch(
-            f"{name} called with mismatched arguments on rank {world.rank}'s group of {world.size}: "
-            + "; ".join(rows))
-    return table[:, 1]
-
-
 # -- the collectives -------------------------------------------------------------------------
 
 def all_reduce(array: np.ndarray, op: str = "sum", group: World | None = None,
@@ -259,7 +198,7 @@ def all_reduce(array: np.ndarray, op: str = "sum", group: World | None = None,
     algorithm = _DEFAULT_ALGORITHM[0] if algorithm is None else algorithm
     if algorithm not in ALL_REDUCE and algorithm != "auto":
         raise ValueError(f"all_reduce: unknown algorithm {algorithm!r}; choose from {sorted(ALL_REDUCE)} or 'auto'")
-    if _checked(group):
+    if needs_check(group):
         check_consistent(world, "all_reduce", buf.size, buf.dtype, op)
     finish = (lambda: np.divide(buf, world.size, out=buf)) if op == "avg" else None
     if world.size == 1 or buf.size == 0:
@@ -340,7 +279,7 @@ def reduce(array: np.ndarray, dst: int = 0, op: str = "sum", group: World | None
     world, buf = resolve(group), _flat(array, "reduce")
     ufunc = _op(op, buf.dtype, "reduce")
     _check_root(world, dst, "reduce")
-    if _checked(group):
+    if needs_check(group):
         check_consistent(world, "reduce", buf.size, buf.dtype, op, dst)
 
     ctx = steps = None
@@ -356,7 +295,7 @@ def broadcast(array: np.ndarray, src: int = 0, group: World | None = None,
     """Copy rank `src`'s `array` into every rank's `array` (same shape and dtype everywhere)."""
     world, buf = resolve(group), _flat(array, "broadcast")
     _check_root(world, src, "broadcast")
-    if _checked(group):
+    if needs_check(group):
         check_consistent(world, "broadcast", buf.size, buf.dtype, "", src)
 
     ctx = steps = None
@@ -381,7 +320,7 @@ def reduce_scatter(array: np.ndarray, op: str = "sum", group: World | None = Non
     elif out.shape != (b - a,) or out.dtype != buf.dtype:
         raise ValueError(f"reduce_scatter: rank {world.rank} needs out of shape {(b - a,)} and dtype "
                          f"{buf.dtype}, got {out.shape} {out.dtype}")
-    if _checked(group):
+    if needs_check(group):
         check_consistent(world, "reduce_scatter", buf.size, buf.dtype, op)
 
     ctx = steps = None
@@ -401,7 +340,7 @@ def all_gather(array: np.ndarray, group: World | None = None, out: np.ndarray | 
     world, buf = resolve(group), _flat(array, "all_gather")
     if algorithm != "ring":
         raise ValueError(f"all_gather: unknown algorithm {algorithm!r}; only 'ring'")
-    if out is None or _checked(group):
+    if out is None or needs_check(group):
         counts = check_consistent(world, "all_gather", buf.size, buf.dtype, same_count=False)
         total = int(counts.sum())
         bounds = [(int(counts[:r].sum()), int(counts[:r + 1].sum())) for r in range(world.size)]
@@ -438,7 +377,7 @@ def all_to_all(array: np.ndarray, group: World | None = None, out: np.ndarray | 
         out = np.empty(n_out, dtype=buf.dtype)
     elif out.shape != (n_out,) or out.dtype != buf.dtype:
         raise ValueError(f"all_to_all: rank {world.rank} needs out of shape {(n_out,)} {buf.dtype}")
-    if _checked(group):
+    if needs_check(group):
         check_consistent(world, "all_to_all", buf.size, buf.dtype)
     ctx = _Ctx(world, "all_to_all.pairwise")
     return _run(ctx, alg.all_to_all_pairwise(ctx, buf, out), out, async_op)

@@ -5,7 +5,7 @@ believable next to a measurement. Every point-to-point message minidist posts is
 here, per rank, under a *kind*: "send"/"recv" for the user's own messages, and
 "<collective>.<algorithm>" (e.g. "all_reduce.ring") for messages posted by a hand-written
 collective. The small consistency check that runs before a collective (see
-`collectives.check_consistent`) uses MPI's own Allgather and is counted separately under
+`consistency.check_consistent`) uses MPI's own Allgather and is counted separately under
 the kind "check" with its bytes estimated, so it never pollutes a collective's numbers.
 
     from minidist.comm import traffic

@@ -87,13 +87,13 @@ class World:
         arrays it will reduce every step) and return this group marked as verified.
 
         Chapter 7: a collective checks its arguments against every rank's before any message
-        (`collectives.check_consistent`), an extra round trip per call. A strategy whose every
+        (`consistency.check_consistent`), an extra round trip per call. A strategy whose every
         call follows from facts verified here has nothing left to check, so its collectives on
         the returned group skip that round trip and read as one line:
         `all_reduce(grad, group=self.group)`."""
         codes = self.comm.allgather(zlib.crc32(repr(facts).encode()))  # once, at construction
         if len(set(codes)) > 1:
-            from minidist.comm.collectives import CollectiveMismatch
+            from minidist.comm.consistency import CollectiveMismatch
 
             groups = {}
             for rank, code in enumerate(codes):
