@@ -4,6 +4,7 @@ Every operation runs both ways on awkward inputs (transposed, size-1 axes, fewer
 keys, ignored targets), forward and backward, in float64; so do AdamW's update and a few steps of
 training the small GPT. Agreement to 1e-12 relative: only the order of rounding differs.
 """
+import json
 import math
 import os
 import subprocess
@@ -212,3 +213,16 @@ def test_causal_attention_aligns_queries_with_the_last_keys(path):
 def test_causal_attention_refuses_more_queries_than_keys(path):
     with kernels(path), pytest.raises(ValueError, match="attention: causal with 3 queries but only 2 keys"):
         F.scaled_dot_product_attention(Tensor(array(1, 1, 3, 2)), Tensor(array(1, 1, 2, 2)), Tensor(array(1, 1, 2, 2)))
+
+
+def test_bench_step_times_both_paths_and_keeps_its_json_keys(tmp_path):
+    from minidist.bench import step as bench_step
+
+    out = tmp_path / "step.json"
+    assert bench_step.main(["--steps", "1", "--warmup", "0", "--dtype", "float32", "--no-torch",
+                            "--json", str(out)]) == 0
+    (record,) = json.loads(out.read_text())
+    assert {"benchmark", "dtype", "batch", "tokens", "parameters", "seconds", "tokens_per_s",
+            "matmul_floor_seconds", "torch_seconds", "ops"} <= set(record)
+    assert record["kernels"] == "fast" and record["plain_seconds"] > 0 and record["seconds"] > 0
+    assert record["torch_seconds"] is None and "Linear" in record["ops"]

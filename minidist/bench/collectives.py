@@ -30,7 +30,7 @@ from mpi4py import MPI
 import minidist.comm as dist
 from minidist.comm import cost, faults, traffic
 from minidist.comm.algorithms import chunk_bounds
-from minidist.runtime import tune_malloc
+from minidist.runtime import limit_threads_per_rank, tune_malloc
 
 DEFAULT_SIZES = ["1K", "4K", "16K", "64K", "256K", "1M", "4M", "16M", "64M"]
 QUICK_SIZES = ["1K", "16K", "64K", "1M", "16M"]
@@ -189,6 +189,7 @@ def main(argv=None):
     parser.add_argument("--wait-demo", action="store_true", help="only measure the polite wait's effect")
     args = parser.parse_args(argv)
     comm = MPI.COMM_WORLD
+    limit_threads_per_rank(comm)  # ranks share the machine's cores (chapter 2)
     if args.wait_demo:
         wait_demo(comm)
         return 0

@@ -84,6 +84,7 @@ def print_table(records) -> None:
 
 def main(argv=None):
     from minidist.comm import faults, get_world
+    from minidist.runtime import limit_threads_per_rank
 
     faults.install()
     parser = argparse.ArgumentParser(prog="python -m minidist.bench pipeline", description=__doc__.split("\n")[0])
@@ -94,6 +95,7 @@ def main(argv=None):
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--json", help="write the records (without events) to this file (rank 0)")
     args = parser.parse_args(argv)
+    limit_threads_per_rank()  # ranks share the machine's cores (chapter 2)
     world = get_world()
     records = measure(args.schedules.split(","), [int(m) for m in args.microbatches.split(",")],
                       args.steps, args.batch_size, virtual_stages=args.virtual_stages)

@@ -15,7 +15,7 @@ All are timed in turns, step after step, so that they share the machine's condit
 record's "seconds", "tokens_per_s" and "ops" are those of the path named in "kernels" (fast,
 unless only plain is timed); "plain_seconds" is the plain path's step (null when not timed).
 
-Run it with one BLAS thread (OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1): that is how ranks run.
+It runs NumPy's BLAS and PyTorch with one thread each: that is how ranks run.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ import json
 import time
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from minidist.kernels import kernels
 from minidist.model import GPT, GPTConfig
@@ -140,6 +141,7 @@ def main(argv=None):
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
     tune_malloc()
+    threadpool_limits(limits=1)  # one BLAS thread, as a rank has when ranks fill the cores (torch: the same)
     dtypes = ["float32", "float64"] if args.dtype == "both" else [args.dtype]
     paths = ["fast", "plain"] if args.kernels == "both" else [args.kernels]
     tokens = BATCH * CONFIG.block_size

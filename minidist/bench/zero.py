@@ -86,6 +86,9 @@ def main(argv=None) -> int:
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
     from minidist.comm import get_world
+    from minidist.runtime import limit_threads_per_rank
+
+    limit_threads_per_rank()  # ranks share the machine's cores (chapter 2)
 
     world = get_world()
     records = measure([int(s) for s in args.stages.split(",")], args.steps, args.batch_size)
