@@ -8,7 +8,9 @@ n_embd 128, 4 layers, 4 heads, batch 16) in float32 and float64 and prints, side
 - the floor: the same matrix multiplications (every GEMM of forward and backward) done
   directly in NumPy, with nothing else — no framework can beat that on these BLAS calls;
 - PyTorch's eager CPU step on the same model, when torch is installed (it is never a
-  dependency of minidist: `pip install torch` to see it);
+  dependency of minidist: `pip install torch` to see it), and PyTorch's own floor: the same
+  GEMMs on its BLAS (often MKL, faster than NumPy's OpenBLAS), so that each framework's step can
+  be set against its own matrix products ("torch_matmul_floor_seconds");
 - where minidist's time goes, per operation (`minidist.tensor.profile`).
 
 All are timed in turns, step after step, so that they share the machine's conditions. The JSON
@@ -84,18 +86,24 @@ def on_path(path, step):
     return run
 
 
-def matmul_floor(config, batch_size, dtype):
-    """Every GEMM of one training step, done directly in NumPy."""
+def matmul_floor(config, batch_size, dtype, library="numpy"):
+    """Every GEMM of one training step, done directly in NumPy (library="torch": in PyTorch, on
+    its own BLAS, so that each framework's step can be set against its own floor)."""
     n, c, v = batch_size * config.block_size, config.n_embd, config.vocab_size
     h, t = config.n_head, config.block_size
     rng = np.random.default_rng(0)
     arrays = {}
+    if library == "torch":
+        import torch
 
     def a(*shape):
-        key = shape
-        if key not in arrays:
-            arrays[key] = rng.standard_normal(shape).astype(dtype)
-        return arrays[key]
+        if shape not in arrays:
+            array = rng.standard_normal(shape).astype(dtype)
+            arrays[shape] = torch.from_numpy(array) if library == "torch" else array
+        return arrays[shape]
+
+    def swap(m):  # the last two axes
+        return m.transpose(-1, -2) if library == "torch" else np.swapaxes(m, -1, -2)
 
     linears = [(c, c)] * 4 + [(c, 4 * c), (4 * c, c)]  # per block: q, k, v, proj, fc, proj
     shapes = linears * config.n_layer + [(c, v)]       # and the LM head
@@ -108,12 +116,12 @@ def matmul_floor(config, batch_size, dtype):
             g @ w            # backward to the input
             g.T @ x          # backward to the weight
         for _ in range(config.n_layer):
-            s = q @ np.swapaxes(q, -1, -2)  # scores, then weights @ v, and 4 GEMMs backward
+            s = q @ swap(q)  # scores, then weights @ v, and 4 GEMMs backward
             s @ q
-            np.swapaxes(s, -1, -2) @ q
-            q @ np.swapaxes(q, -1, -2)
+            swap(s) @ q
+            q @ swap(q)
             s @ q
-            np.swapaxes(s, -1, -2) @ q
+            swap(s) @ q
 
     return step
 
@@ -154,6 +162,7 @@ def main(argv=None):
         torch_fn = None if args.no_torch else torch_step(CONFIG, BATCH, dtype)
         if torch_fn:
             contenders["torch"] = torch_fn
+            contenders["torch floor"] = matmul_floor(CONFIG, BATCH, dtype, library="torch")
         medians = interleaved_medians(contenders, args.steps, args.warmup)
         main_path = paths[0]  # fast, unless only plain is timed
         ours, floor, theirs = medians[main_path], medians["floor"], medians.get("torch")
@@ -163,7 +172,8 @@ def main(argv=None):
                   "parameters": model.num_parameters(), "seconds": ours, "tokens_per_s": tokens / ours,
                   "matmul_floor_seconds": floor, "torch_seconds": theirs,
                   "ops": {k: {"forward": v[0], "backward": v[1], "calls": v[2]} for k, v in ops.items()},
-                  "kernels": main_path, "plain_seconds": medians.get("plain")}
+                  "kernels": main_path, "plain_seconds": medians.get("plain"),
+                  "torch_matmul_floor_seconds": medians.get("torch floor")}
         records.append(record)
         print(f"\n{dtype}:")
         for path in paths:
@@ -174,6 +184,9 @@ def main(argv=None):
         if theirs:
             print(f"         PyTorch        {theirs * 1e3:7.1f} ms   "
                   + "   ".join(f"minidist {path} / PyTorch = {medians[path] / theirs:.2f}x" for path in paths))
+            their_floor = medians["torch floor"]
+            print(f"         PyTorch's own matmul floor {their_floor * 1e3:7.1f} ms   PyTorch / its floor = "
+                  f"{theirs / their_floor:.2f}x   (its BLAS / NumPy's on these GEMMs: {their_floor / floor:.2f}x)")
         else:
             print("         PyTorch        (not installed: pip install torch to compare)")
         print(f"         where the {main_path} path's time goes:")
