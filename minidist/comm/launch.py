@@ -26,6 +26,8 @@ Details that make it robust, in a test or a notebook:
   process group is killed and `LaunchTimeout` is raised; the ranks' own waits time out a
   little earlier (MINIDIST_TIMEOUT = 0.8 x timeout) so their error names who waited for what.
 * OMP_NUM_THREADS=1 (and OpenBLAS's, MKL's) in the ranks: N ranks share few cores.
+* `nodes=2` (or MINIDIST_NODES=2 for a whole test run) makes MPI see two machines, and
+  `tcp=True` (MINIDIST_TCP=1) sends every message over a socket: the multi-node rehearsal.
 """
 from __future__ import annotations
 
@@ -86,8 +88,15 @@ def _describe_target(fn):
 
 
 def run(fn, nprocs: int, *args, timeout: float = 120.0, env: dict | None = None,
-        echo: bool = True, **kwargs) -> list:
-    """Run `fn(*args, **kwargs)` on `nprocs` MPI ranks; return [rank 0's result, rank 1's, ...]."""
+        echo: bool = True, nodes=None, tcp: bool | None = None, **kwargs) -> list:
+    """Run `fn(*args, **kwargs)` on `nprocs` MPI ranks; return [rank 0's result, rank 1's, ...].
+
+    `nodes`: how many machines MPI should see, as a count (ranks spread evenly) or as ranks per
+    node ([3, 1]); default: the environment variable MINIDIST_NODES ("2", "3,1"), else one.
+    On this one machine each made-up node is a host of MPICH's host file started with the fork
+    launcher, so `Split_type(COMM_TYPE_SHARED)` sees several nodes (chapter 2). `tcp=True`
+    (default: MINIDIST_TCP=1) sends the messages between processes over TCP sockets on
+    loopback instead of shared memory, as between real machines."""
     job = Path(tempfile.mkdtemp(prefix="minidist-job-"))
     try:
         with open(job / "job.pkl", "wb") as f:
@@ -96,7 +105,10 @@ def run(fn, nprocs: int, *args, timeout: float = 120.0, env: dict | None = None,
         child_env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
         child_env.setdefault("MINIDIST_TIMEOUT", str(max(1.0, 0.8 * timeout)))
         child_env.update(env or {})
-        cmd = [find_mpiexec(), "-n", str(nprocs), sys.executable, "-m", "minidist.comm.launch", str(job)]
+        if tcp if tcp is not None else os.environ.get("MINIDIST_TCP") == "1":
+            child_env.update(TCP_ENV)
+        cmd = [find_mpiexec(), *node_flags(ranks_per_node(nprocs, nodes), job), "-n", str(nprocs),
+               sys.executable, "-m", "minidist.comm.launch", str(job)]
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=child_env,
                                 start_new_session=True)  # its own process group: killable as a whole
@@ -129,6 +141,35 @@ def run(fn, nprocs: int, *args, timeout: float = 120.0, env: dict | None = None,
         return results
     finally:
         shutil.rmtree(job, ignore_errors=True)
+
+
+# MPICH's TCP transport on loopback: every message between processes crosses a socket
+TCP_ENV = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "FI_TCP_IFACE": "lo"}
+
+
+def ranks_per_node(nprocs: int, nodes=None) -> list[int]:
+    """How many ranks each made-up node runs: `nodes` as a count or a list, or MINIDIST_NODES."""
+    if nodes is None:
+        nodes = os.environ.get("MINIDIST_NODES") or 1
+    if isinstance(nodes, str):
+        nodes = [int(n) for n in nodes.split(",")] if "," in nodes else int(nodes)
+    if isinstance(nodes, int):
+        count = max(1, min(nodes, nprocs))
+        return [nprocs // count + (1 if i < nprocs % count else 0) for i in range(count)]
+    nodes = [int(n) for n in nodes]
+    if sum(nodes) != nprocs or min(nodes) < 1:
+        raise ValueError(f"ranks per node {nodes} must be positive and add up to the {nprocs} ranks")
+    return nodes
+
+
+def node_flags(per_node: list[int], job: Path) -> list[str]:
+    """mpiexec's flags for that layout: none for one node, else a host file and the fork launcher
+    (each host a process group of this machine; no ssh)."""
+    if len(per_node) == 1:
+        return []
+    hosts = job / "hosts"
+    hosts.write_text("".join(f"node-{i}:{n}\n" for i, n in enumerate(per_node)))
+    return ["-launcher", "fork", "-f", str(hosts)]
 
 
 def _kill_group(proc):
