@@ -222,6 +222,10 @@ def main(argv=None) -> int:
     world = dist.get_world()
     args = build_parser().parse_args(argv)
     limit_threads_per_rank(world.comm)
+    if world.size > 1:  # where MPI put the ranks: one machine, or several (chapter 2)
+        nodes = world.nodes()
+        world.print0(f"minidist: {world.size} ranks on {len(nodes)} node{'s' if len(nodes) > 1 else ''}: "
+                     + "; ".join(f"node {i}: ranks {_span(ranks)}" for i, ranks in enumerate(nodes)))
     is_tour = world.size > 1 and args.dp is None and args.tp is None and args.pp is None
     if args.steps is None:
         args.steps = 10 if is_tour else 300
@@ -245,6 +249,13 @@ def main(argv=None) -> int:
         print(f"done: final loss {result['losses'][-1]:.4f}, accuracy {result['accuracies'][-1]:.3f}, "
               f"{result['tokens_per_s']:.0f} tokens/s", flush=True)
     return finish(args, world, {**report, **result}, result["state"])
+
+
+def _span(ranks: list[int]) -> str:
+    """"0-3" for consecutive ranks, else "0, 2"."""
+    if ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 1:
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ", ".join(map(str, ranks))
 
 
 def finish(args, world, report: dict, state) -> int:

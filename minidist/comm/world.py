@@ -102,6 +102,16 @@ class World:
                                      + " vs ".join(f"ranks {ranks}" for ranks in groups.values()) + ")")
         return VerifiedGroup(self, what)
 
+    def nodes(self) -> list[list[int]]:
+        """The ranks of this world on each machine (node), in order of their first rank: e.g.
+        [[0, 1], [2, 3]] for 2 ranks on each of 2 machines. MPI knows which processes share
+        memory (`Split_type(COMM_TYPE_SHARED)`); every rank gets the same answer. Collective."""
+        node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
+        first = node.allreduce(self.rank, op=MPI.MIN)  # the node's lowest rank names it
+        node.Free()
+        leaders = self.comm.allgather(first)
+        return [[r for r, leader in enumerate(leaders) if leader == node_id] for node_id in sorted(set(leaders))]
+
     # -- printing without interleaving ------------------------------------------------------
     def print0(self, *args, **kwargs):
         """Print from rank 0 only. MPICH's launcher interleaves ranks' stdout mid-line."""
