@@ -199,7 +199,7 @@ def all_reduce(array: np.ndarray, op: str = "sum", group: World | None = None,
     if algorithm not in ALL_REDUCE and algorithm != "auto":
         raise ValueError(f"all_reduce: unknown algorithm {algorithm!r}; choose from {sorted(ALL_REDUCE)} or 'auto'")
     if needs_check(group):
-        check_consistent(world, "all_reduce", buf.size, buf.dtype, op)
+        check_consistent(world, "all_reduce", buf.size, buf.dtype, op, algorithm=algorithm)
     finish = (lambda: np.divide(buf, world.size, out=buf)) if op == "avg" else None
     if world.size == 1 or buf.size == 0:
         return _run(None, None, array, async_op, finish)
@@ -280,7 +280,7 @@ def reduce(array: np.ndarray, dst: int = 0, op: str = "sum", group: World | None
     ufunc = _op(op, buf.dtype, "reduce")
     _check_root(world, dst, "reduce")
     if needs_check(group):
-        check_consistent(world, "reduce", buf.size, buf.dtype, op, dst)
+        check_consistent(world, "reduce", buf.size, buf.dtype, op, dst, algorithm=algorithm)
 
     ctx = steps = None
     if world.size > 1 and buf.size > 0:
@@ -296,7 +296,7 @@ def broadcast(array: np.ndarray, src: int = 0, group: World | None = None,
     world, buf = resolve(group), _flat(array, "broadcast")
     _check_root(world, src, "broadcast")
     if needs_check(group):
-        check_consistent(world, "broadcast", buf.size, buf.dtype, "", src)
+        check_consistent(world, "broadcast", buf.size, buf.dtype, "", src, algorithm=algorithm)
 
     ctx = steps = None
     if world.size > 1 and buf.size > 0:

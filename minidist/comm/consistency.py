@@ -57,27 +57,26 @@ def _code(text: str) -> int:
 
 
 def check_consistent(world: World, name: str, count: int, dtype, op: str = "", root: int = -1,
-                     same_count: bool = True) -> np.ndarray:
-    """The mismatch check: every rank shares (collective, count, dtype, op, root) through a
-    small MPI Iallgather (waited for politely) and compares. Returns the counts per rank.
-    Counted in traffic under the kind "check" (bytes as if sent directly to every peer)."""
+                     same_count: bool = True, algorithm: str = "") -> np.ndarray:
+    """The mismatch check: every rank shares (collective, count, dtype, op, root, algorithm)
+    through a small MPI Iallgather (waited for politely) and compares. Returns the counts per
+    rank. Counted in traffic under the kind "check" (bytes as if sent directly to every peer)."""
     dtype = np.dtype(dtype)
-    mine = np.array([_code(name), count, _code(dtype.str), _code(op), root], dtype=np.int64)
+    mine = np.array([_code(name), count, _code(dtype.str), _code(op), root, _code(algorithm)], dtype=np.int64)
     table = np.empty((world.size, mine.size), dtype=np.int64)
     req = world.coll_comm.Iallgather(mine, table)
     p2p.wait([p2p.Request(req, "coll", -1, -1, table.nbytes, f"the consistency check of {name} (MPI Iallgather)", world)])
     for _ in range(world.size - 1):
         traffic.record_send("check", mine.nbytes)
         traffic.record_recv("check", mine.nbytes)
-    fields = [0, 2, 3, 4] + ([1] if same_count else [])
+    fields = [0, 2, 3, 4, 5] + ([1] if same_count else [])
     if (table[:, fields] != mine[fields]).any():
-        # Every rank sees the same table, so every rank raises the same error.
-        names = {_code(n): n for n in ("all_reduce", "reduce", "broadcast", "reduce_scatter",
-                                       "all_gather", "all_to_all")}
-        types = {_code(np.dtype(t).str): np.dtype(t).name for t in np.typecodes["All"] if t not in "OMmVSUa"}
-        rows = [f"rank {r}: {names.get(c, '?')}(count={n}, dtype={types.get(d, d)}"
-                + (f", op={op}" if op else "") + (f", root={rt}" if rt >= 0 else "") + ")"
-                for r, (c, n, d, o, rt) in enumerate(table.tolist())]
+        # Every rank sees the same table, so every rank takes this path and raises the same
+        # error; one more (pickled) allgather brings what each rank passed, in words.
+        passed = world.coll_comm.allgather((name, int(count), dtype.name, op, root, algorithm))
+        rows = [f"rank {r}: {n}(count={c}, dtype={d}" + (f", op={o}" if o else "")
+                + (f", root={rt}" if rt >= 0 else "") + (f", algorithm={a}" if a else "") + ")"
+                for r, (n, c, d, o, rt, a) in enumerate(passed)]
         raise CollectiveMismatch(
             f"{name} called with mismatched arguments on rank {world.rank}'s group of {world.size}: "
             + "; ".join(rows))
