@@ -148,10 +148,19 @@ _WORLD: World | None = None
 
 
 def get_world() -> World:
-    """The default world: every process of the job (`MPI.COMM_WORLD`), created on first use."""
+    """The default world: every process of the job (`MPI.COMM_WORLD`), created on first use.
+
+    In a job of several ranks, first use also installs `faults.install()` (unless the program
+    has set its own `sys.excepthook`): a program that communicates through minidist gets the
+    promise of chapter 2, any rank's uncaught exception ends the whole job, even if it never
+    asked for it."""
     global _WORLD
     if _WORLD is None:
         _WORLD = World(MPI.COMM_WORLD)
+        if _WORLD.size > 1 and sys.excepthook is sys.__excepthook__:
+            from minidist.comm import faults
+
+            faults.install()
     return _WORLD
 
 
