@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import tempfile
@@ -150,7 +151,9 @@ def run(kind: str, args, config, task, world, show: bool, ranks=None, with_sampl
         result = train(args, trainer, task, show and world.rank == 0)
         if with_sample and world.rank == 0:
             result["sample"] = sample(trainer, task, args.steps)
-    dist.barrier()  # ranks not taking part wait here, politely polling instead of spinning
+    # ranks not taking part wait here, politely, for as long as the others train: an expected
+    # wait, so not under the deadlock timeout (chapter 2)
+    dist.barrier(timeout=math.inf if world.rank not in ranks else None)
     result["memory"] = world.comm.allgather(trainer.memory() if trainer else IDLE)
     result["comm"] = traffic.gather()
     result["all_reduce_algorithms"] = sorted({kind.split(".", 1)[1] for counts in result["comm"]

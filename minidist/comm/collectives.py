@@ -385,7 +385,9 @@ def all_to_all(array: np.ndarray, group: World | None = None, out: np.ndarray | 
 
 def barrier(group: World | None = None, timeout=None):
     """Return only when every rank of `group` has called barrier (dissemination algorithm)."""
-    ctx = _Ctx(resolve(group), "barrier.dissemination")
+    world = resolve(group)
+    world.open_collectives(timeout)  # a first collective duplicates the communicator: same timeout
+    ctx = _Ctx(world, "barrier.dissemination")
     Work(ctx, alg.barrier_dissemination(ctx), None).wait(timeout)
 
 

@@ -51,12 +51,19 @@ class World:
         call, so it happens lazily inside the first collective (which every rank makes), and
         with the non-blocking `Idup` so that it waits politely and can time out."""
         if self._coll_comm is None:
+            self.open_collectives()
+        return self._coll_comm
+
+    def open_collectives(self, timeout=None) -> None:
+        """Make `coll_comm` now, waiting at most `timeout` (default: the wait policy's) for the
+        other ranks to join (a barrier whose ranks may wait long passes its own timeout)."""
+        if self._coll_comm is None:
             from minidist.comm import p2p
 
             comm, req = self.comm.Idup()
-            p2p.wait([p2p.Request(req, "coll", -1, -1, 0, "MPI Idup of the communicator (every rank's first collective)", self)])
+            p2p.wait([p2p.Request(req, "coll", -1, -1, 0, "MPI Idup of the communicator (every rank's first collective)", self)],
+                     timeout)
             self._coll_comm = comm
-        return self._coll_comm
 
     def next_tag(self) -> int:
         """A fresh tag for one collective call; equal on every rank that makes the same calls."""
