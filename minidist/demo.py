@@ -105,7 +105,23 @@ def check_args(args, world_size: int):
                        n_embd=args.n_embd, dropout=args.dropout, tie_weights=not args.untied)
     task = make_task(args.data, args.block_size, seed=args.seed)
     kind, layout = strategies.choose(args, config, world_size)
+    if args.save and kind is None:
+        raise ValueError("--save needs one layout (e.g. --dp N): the tour trains many models and keeps none")
+    for flag, path in (("--json", args.json), ("--save", args.save)):
+        if path:
+            check_writable(flag, path)
     return config, task, kind, layout
+
+
+def check_writable(flag: str, path: str) -> None:
+    """A result file's place is checked before training, not after it (nothing lost)."""
+    directory = os.path.dirname(os.path.abspath(path)) or "."
+    if os.path.isdir(path):
+        raise ValueError(f"{flag} {path}: is a directory; give a file name")
+    if not os.path.isdir(directory):
+        raise ValueError(f"{flag} {path}: the directory {directory} does not exist")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path}: the directory {directory} is not writable")
 
 
 def train(args, trainer, task, show: bool) -> dict:
@@ -206,16 +222,27 @@ def print_table(rows) -> None:
 
 
 def write_json(path: str, report: dict) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    with tempfile.NamedTemporaryFile("w", dir=directory, delete=False, suffix=".tmp") as f:
-        json.dump(report, f, indent=1)
-    os.replace(f.name, path)  # atomic: a reader never sees half a file
+    replace_atomically(path, "w", lambda f: json.dump(report, f, indent=1))
 
 
 def save_weights(path: str, state: dict) -> None:
+    replace_atomically(path, "wb", lambda f: np.savez(f, **state))
+
+
+def replace_atomically(path: str, mode: str, write) -> None:
+    """Write beside `path`, then rename over it: a reader never sees half a file, and a failed
+    write leaves neither a half file nor its temporary. The file gets the user's umask."""
     directory = os.path.dirname(os.path.abspath(path))
-    with tempfile.NamedTemporaryFile(dir=directory, delete=False, suffix=".tmp") as f:
-        np.savez(f, **state)
+    with tempfile.NamedTemporaryFile(mode, dir=directory, delete=False, suffix=".tmp") as f:
+        try:
+            write(f)
+        except BaseException:
+            f.close()
+            os.unlink(f.name)
+            raise
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(f.name, 0o666 & ~umask)  # NamedTemporaryFile makes 0600
     os.replace(f.name, path)
 
 
@@ -267,10 +294,7 @@ def finish(args, world, report: dict, state) -> int:
         if args.json:
             write_json(args.json, report)
         if args.save:
-            if state is None:
-                print("minidist.demo: --save is not written by the tour; pick a layout (e.g. --dp N)")
-            else:
-                save_weights(args.save, state)
+            save_weights(args.save, state)
     return 0
 
 
