@@ -172,7 +172,7 @@ def run(kind: str, args, config, task, world, show: bool, ranks=None, with_sampl
     dist.barrier(timeout=math.inf if world.rank not in ranks else None)
     result["memory"] = world.comm.allgather(trainer.memory() if trainer else IDLE)
     result["comm"] = traffic.gather()
-    result["all_reduce_algorithms"] = sorted({kind.split(".", 1)[1] for counts in result["comm"]
+    result["all_reduce_algorithms"] = sorted({kind.split(".")[1] for counts in result["comm"]
                                               for kind in counts["by_kind"] if kind.startswith("all_reduce.")})
     if trainer:
         result.update(trainer.report())

@@ -17,6 +17,16 @@ costs page faults that have nothing to do with either algorithm).
 Bus bandwidth follows nccl-tests: algbw = S / t, busbw = algbw x 2(N-1)/N for all-reduce,
 x (N-1)/N for reduce-scatter and all-gather (S = the full array), so a bandwidth-optimal
 algorithm's busbw is the link's bandwidth whatever N is.
+
+On several machines (chapter 07, topology), e.g. two made-up ones over TCP on this machine:
+
+    MPIR_CVAR_CH4_NETMOD=ofi FI_PROVIDER=tcp FI_TCP_IFACE=lo \
+        mpiexec -launcher fork -hosts a,b -ppn 2 -n 4 python -m minidist.bench collectives --quick
+
+it also times exchanges between two ranks of one machine and between machines, fits alpha and
+beta of both levels (keys alpha_inside, beta_inside, alpha_between, beta_between), adds the
+hierarchical all-reduce to the algorithms, and predicts the flat ring and the hierarchical
+all-reduce with the two-level model (key predicted_two_level_seconds).
 """
 from __future__ import annotations
 
@@ -87,17 +97,19 @@ def sent_per_call(call, comm) -> float:
     return float(most[0])
 
 
-def fit_link(comm, sizes, budget, rounds):
-    """Time one exchange (sendrecv) between rank pairs (0,1), (2,3), ... and fit alpha, beta."""
+def fit_link(comm, sizes, budget, rounds, peer=None, algorithm="pairwise"):
+    """Time one exchange (sendrecv) between rank pairs (0,1), (2,3), ... (or with `peer`) and
+    fit alpha, beta."""
     n, r = comm.size, comm.rank
-    peer = r ^ 1 if (r ^ 1) < n else r  # an odd rank out exchanges with itself
+    if peer is None:
+        peer = r ^ 1 if (r ^ 1) < n else r  # an odd rank out exchanges with itself
     records = []
     for nbytes in sizes:
         a, b = np.ones(nbytes // 4, np.float32), np.empty(nbytes // 4, np.float32)
         ours = lambda: dist.sendrecv(a, peer, b, peer, tag=1)  # noqa: E731
         mpi = lambda: comm.Sendrecv(a, peer, 1, b, peer, 1)  # noqa: E731
         t, t_mpi = compare(ours, mpi, comm, budget, rounds)
-        records.append(dict(collective="sendrecv", algorithm="pairwise", world_size=n, bytes=nbytes,
+        records.append(dict(collective="sendrecv", algorithm=algorithm, world_size=n, bytes=nbytes,
                             seconds=t, mpi_seconds=t_mpi, bytes_sent_per_rank=float(nbytes)))
     alpha, beta = cost.fit_alpha_beta([x["bytes"] for x in records], [x["seconds"] for x in records])
     x = np.ones(1 << 22, np.float32)
@@ -106,6 +118,53 @@ def fit_link(comm, sizes, budget, rounds):
         np.add(x, x, out=x)
     gamma = (time.perf_counter() - t) / 5 / x.nbytes
     return records, alpha, beta, gamma
+
+
+def node_layout(comm) -> list[list[int]]:
+    """[[ranks of machine 0], [ranks of machine 1], ...] as MPI sees the machines (the ranks
+    that share memory, `Split_type`), machines in the order of their lowest rank."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
+    first = node.allreduce(comm.rank, op=MPI.MIN)
+    node.Free()
+    machines = {}
+    for rank, lowest in enumerate(comm.allgather(first)):
+        machines.setdefault(lowest, []).append(rank)
+    return [machines[lowest] for lowest in sorted(machines)]
+
+
+def level_peers(layout, rank) -> tuple[int, int]:
+    """(peer on my machine, peer on the next machine): the i-th rank of machine j exchanges
+    with the (i XOR 1)-th of machine j, and with the i-th of machine j XOR 1; with itself
+    where there is none."""
+    j = next(k for k, ranks in enumerate(layout) if rank in ranks)
+    mine, i = layout[j], layout[j].index(rank)
+    other = layout[j ^ 1] if (j ^ 1) < len(layout) else []
+    return (mine[i ^ 1] if (i ^ 1) < len(mine) else rank), (other[i] if i < len(other) else rank)
+
+
+def fit_two_levels(comm, layout, sizes, budget, rounds):
+    """Exchanges inside a machine and between machines, and alpha, beta fitted to each."""
+    inside, between = level_peers(layout, comm.rank)
+    records_in, alpha_in, beta_in, _ = fit_link(comm, sizes, budget, rounds, inside, "inside_node")
+    records_out, alpha_out, beta_out, _ = fit_link(comm, sizes, budget, rounds, between, "between_nodes")
+    fit = dict(alpha_inside=alpha_in, beta_inside=beta_in, alpha_between=alpha_out, beta_between=beta_out)
+    for x in records_in:
+        x.update(ratio=x["seconds"] / x["mpi_seconds"], predicted_seconds=alpha_in + x["bytes"] * beta_in)
+    for x in records_out:
+        x.update(ratio=x["seconds"] / x["mpi_seconds"], predicted_seconds=alpha_out + x["bytes"] * beta_out)
+    return records_in + records_out, fit
+
+
+TWO_LEVEL = ("ring", "hierarchical")  # the all-reduces cost.predict_two_level knows
+
+
+def two_level_prediction(algorithm, layout, nbytes, fit) -> float:
+    """The two-level model's seconds for `algorithm` on `layout`; on one machine the inside
+    level is the pairwise fit."""
+    per_node = max(len(ranks) for ranks in layout)  # the largest machine sets the tree's depth
+    inside = fit.get("alpha_inside", fit["alpha"]), fit.get("beta_inside", fit["beta"])
+    between = fit.get("alpha_between", fit["alpha"]), fit.get("beta_between", fit["beta"])
+    return cost.predict_two_level(algorithm, per_node, len(layout), nbytes, *inside, *between, fit["gamma"])
 
 
 def bench_size(comm, nbytes, budget, rounds, algorithms):
@@ -181,8 +240,10 @@ def main(argv=None):
     parser.add_argument("--json", help="write the records to this file (rank 0)")
     parser.add_argument("--sizes", help="comma-separated sizes in bytes, e.g. 1K,64K,1M")
     parser.add_argument("--quick", action="store_true", help=f"sizes {','.join(QUICK_SIZES)}, shorter timing")
-    parser.add_argument("--algorithms", default=",".join(ALL_REDUCE_ALGOS + ["auto+spin"]),
-                        help="all-reduce algorithms; '+spin' = with MPI's spinning wait instead of the polite one")
+    parser.add_argument("--algorithms", default=None,
+                        help="all-reduce algorithms (default: " + ",".join(ALL_REDUCE_ALGOS + ["auto+spin"]) +
+                        ", and hierarchical on several machines); '+spin' = with MPI's spinning wait instead of "
+                        "the polite one")
     parser.add_argument("--budget", type=float, default=None, help="seconds per timing round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-malloc-tuning", action="store_true")
@@ -198,29 +259,47 @@ def main(argv=None):
     sizes = [parse_size(s) for s in (args.sizes.split(",") if args.sizes else
                                      QUICK_SIZES if args.quick else DEFAULT_SIZES)]
     budget = args.budget or (0.02 if args.quick else 0.05)
-    algorithms = args.algorithms.split(",")
+    layout = node_layout(comm)
+    machines = len(layout) > 1
+    default = ALL_REDUCE_ALGOS + ["auto+spin"] + ["hierarchical"] * machines
+    algorithms = args.algorithms.split(",") if args.algorithms else default
     np.seterr(over="ignore", invalid="ignore")  # repeated in-place sums grow to inf: harmless here
     n = comm.size
     link, alpha, beta, gamma = fit_link(comm, sizes, budget, args.rounds)
     records = list(link)
     fit = dict(alpha=alpha, beta=beta, gamma=gamma)
+    if machines:
+        level_records, levels = fit_two_levels(comm, layout, sizes, budget, args.rounds)
+        records += level_records
+        fit.update(levels)  # every record carries both levels' fit too
     for nbytes in sizes:
         for coll, algo, (t, t_mpi), sent in bench_size(comm, nbytes, budget, args.rounds, algorithms):
             name = algo.replace("+spin", "")
-            chosen = dist.collectives.auto_algorithm(nbytes, n) if name == "auto" else name
-            pred = cost.predict(coll, chosen, n, nbytes, alpha, beta, gamma)
+            chosen = dist.choose_all_reduce(name, dist.get_world(), nbytes) if coll == "all_reduce" and n > 1 else name
             algbw = nbytes / t if t > 0 else 0.0
+            two_level = two_level_prediction(chosen, layout, nbytes, fit) if chosen in TWO_LEVEL else None
+            pred = two_level if chosen == "hierarchical" else cost.predict(coll, chosen, n, nbytes, alpha, beta, gamma)
             records.append(dict(collective=coll, algorithm=algo, world_size=n, bytes=nbytes, seconds=t,
                                 mpi_seconds=t_mpi, ratio=t / t_mpi, predicted_seconds=pred, algbw=algbw,
                                 busbw=algbw * BUS[coll](n) if n > 1 else 0.0, bytes_sent_per_rank=sent,
                                 malloc_tuned=tuned, **fit))
+            if machines and two_level is not None:
+                records[-1]["predicted_two_level_seconds"] = two_level
     for x in link:
-        x.update(ratio=x["seconds"] / x["mpi_seconds"], predicted_seconds=alpha + x["bytes"] * beta, **fit)
+        x.update(ratio=x["seconds"] / x["mpi_seconds"], predicted_seconds=alpha + x["bytes"] * beta)
+    for x in records:
+        if x["collective"] == "sendrecv":
+            x.update(**fit)
     if comm.rank == 0:
         print(f"minidist collectives vs MPI ({MPI.Get_library_version().splitlines()[0].strip()}), "
               f"{n} ranks, float32, malloc tuning {'on' if tuned else 'off'}; ratio = ours / MPI (lower is better)")
         print(f"alpha-beta fit on sendrecv: alpha = {alpha * 1e6:.1f} us, beta = {beta * 1e9:.3f} ns/B "
               f"({1 / beta / 1e9 if beta else float('inf'):.2f} GB/s), gamma (add) = {gamma * 1e9:.3f} ns/B")
+        if machines:
+            print(f"{len(layout)} machines of {'+'.join(str(len(m)) for m in layout)} ranks; two-level fit: "
+                  + ", ".join(f"{where} alpha = {fit['alpha_' + where] * 1e6:.1f} us, "
+                              f"1/beta = {1 / max(fit['beta_' + where], 1e-30) / 1e9:.2f} GB/s"
+                              for where in ("inside", "between")))
         print(f"{'collective':15s} {'algorithm':19s} {'bytes':>6s} {'ours us':>10s} {'MPI us':>10s} {'ratio':>6s} "
               f"{'busbw GB/s':>10s} {'model us':>10s} {'sent/rank':>10s}")
         for x in records:

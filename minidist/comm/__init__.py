@@ -3,16 +3,18 @@
 The communication layer every parallel strategy uses. It moves NumPy arrays and knows
 nothing of models. Read it in this order, one idea per file:
 
-    world.py        the world, ranks, groups (communicators) and Split
-    p2p.py          point-to-point messages and the polite, timed wait
-    traffic.py      counting messages and bytes per rank
-    algorithms.py   collectives as schedules of messages: trees, recursive doubling, rings
-    consistency.py  the mismatch check every collective makes first (skipped on verified groups)
-    collectives.py  the torch.distributed-style API, async Work, what algorithm="auto" picks
-    cost.py         the alpha-beta cost model and its fit
-    faults.py       any rank's exception ends the whole job
-    launch.py       run a function on N real MPI ranks from a test or a notebook
-    sim.py          the same algorithms in one process, step by step (for notebooks)
+    world.py         the world, ranks, groups (communicators) and Split
+    p2p.py           point-to-point messages and the polite, timed wait
+    traffic.py       counting messages and bytes per rank
+    algorithms.py    collectives as schedules of messages: trees, recursive doubling, rings
+    consistency.py   the mismatch check every collective makes first (skipped on verified groups)
+    collectives.py   the torch.distributed-style API, async Work, what algorithm="auto" picks
+    shared_memory.py the all-reduce inside one machine: a shared window, no messages
+    hierarchical.py  the all-reduce across machines: inside each, then among one leader per machine
+    cost.py          the alpha-beta cost model and its fit
+    faults.py        any rank's exception ends the whole job
+    launch.py        run a function on N real MPI ranks from a test or a notebook
+    sim.py           the same algorithms in one process, step by step (for notebooks)
 """
 from minidist.comm.collectives import (Work, all_gather, all_reduce, all_reduce_algorithm, all_to_all, barrier,
                                        broadcast, choose_all_reduce, reduce, reduce_scatter)

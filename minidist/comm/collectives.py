@@ -31,7 +31,7 @@ import numpy as np
 from mpi4py import MPI
 
 from minidist.comm import algorithms as alg
-from minidist.comm import cost, p2p, shared_memory, traffic
+from minidist.comm import cost, hierarchical, p2p, shared_memory, traffic
 from minidist.comm.consistency import (CollectiveMismatch, check_consistent, needs_check,  # noqa: F401
                                        set_check, unchecked)
 from minidist.comm.world import World, resolve
@@ -51,6 +51,7 @@ ALL_REDUCE = {
     "halving_doubling": alg.all_reduce_halving_doubling,
     "ring": alg.all_reduce_ring,
     "shared_memory": shared_memory.all_reduce_shared_memory,
+    "hierarchical": hierarchical.all_reduce_hierarchical,
 }
 BROADCAST = {"tree": alg.broadcast_tree, "naive": alg.broadcast_naive}
 REDUCE = {"tree": alg.reduce_tree, "naive": alg.reduce_naive}
@@ -191,7 +192,7 @@ def all_reduce(array: np.ndarray, op: str = "sum", group: World | None = None,
                algorithm: str | None = None, async_op: bool = False):
     """Reduce `array` over all ranks of `group`, in place; every rank gets the result.
     algorithm: "naive", "tree", "recursive_doubling", "halving_doubling", "ring",
-    "shared_memory", "auto" (`choose_all_reduce` says what it picks), or None: the process's
+    "shared_memory", "hierarchical", "auto" (`choose_all_reduce` says what it picks), or None: the process's
     default, "auto" unless `all_reduce_algorithm(name)` says otherwise."""
     world, buf = resolve(group), _flat(array, "all_reduce")
     ufunc = _op(op, buf.dtype, "all_reduce")
@@ -214,14 +215,19 @@ def choose_all_reduce(algorithm: str, world: World, nbytes: int) -> str:
     """What algorithm="auto" means, in one place (chapter 7).
 
     On one machine, the shared-memory window: every rank adds its share straight into the
-    others' memory, no messages at all (shared_memory.py). Across machines, the message
-    algorithm the alpha-beta model (cost.py) predicts fastest for this size and group size
-    (`auto_algorithm`): recursive doubling for small arrays, halving-doubling or the ring for
-    large ones. Every rank computes the same answer from the same numbers."""
+    others' memory, no messages at all (shared_memory.py). Across machines with several ranks
+    on some machine, the hierarchical all-reduce: reduce inside each machine, all-reduce among
+    one leader per machine, broadcast inside (hierarchical.py), so that few bytes cross the
+    expensive links. One rank per machine: the message algorithm the alpha-beta model
+    (cost.py) predicts fastest for this size and group size (`auto_algorithm`): recursive
+    doubling for small arrays, halving-doubling or the ring for large ones. Every rank
+    computes the same answer from the same numbers."""
     if algorithm != "auto":
         return algorithm
     if shared_memory.window_or_none(world) is not None:
         return "shared_memory"
+    if hierarchical.hierarchy(world).spans_nodes_with_neighbours:
+        return "hierarchical"
     return auto_algorithm(nbytes, world.size)
 
 

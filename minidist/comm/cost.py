@@ -170,3 +170,57 @@ def tensor_parallel_traffic_per_step(config, batch: int, tp: int, itemsize: int 
     sent += halves * sum(terms(kind, "ring", tp, activations[0])[1] for kind in ("reduce_scatter", "all_gather"))
     return {"all_reduces": sum(c for _, c, _ in calls), "reduce_scatters": halves, "all_gathers": halves,
             "bytes_sent": int(round(sent)), "calls": calls}
+
+
+# -- two levels: inside a machine and between machines (chapter 07, "Topology") ---------------
+#
+# On several machines a message costs alpha_inside + S beta_inside between two ranks of one
+# machine (shared memory) and alpha_between + S beta_between between machines (the network),
+# with beta_between many times beta_inside. `per_node` ranks on each of `nodes` machines,
+# N = per_node x nodes, ranks numbered machine by machine.
+#
+#   flat ring      2(N-1) steps, each waiting for its one message that crosses machines:
+#                  2(N-1) alpha_between + 2(N-1)/N S beta_between
+#   hierarchical   tree reduce and tree broadcast inside, ring among the leaders between:
+#                  2 ceil(log2 p) (alpha_inside + S beta_inside)
+#                  + 2(L-1) alpha_between + 2(L-1)/L S beta_between
+#
+# For large S the hierarchical one wins when its saving between machines, (2(N-1)/N - 2(L-1)/L)
+# S beta_between, exceeds what it adds inside, 2 ceil(log2 p) S beta_inside: on 2 machines of 2
+# ranks, when beta_between > 4 beta_inside.
+
+def two_level_terms(algorithm: str, per_node: int, nodes: int, nbytes: float):
+    """((steps, bytes) inside machines, (steps, bytes) between machines, bytes reduced) on the
+    critical path of one all-reduce: "ring" (flat, over all N ranks) or "hierarchical"."""
+    S, p, L = float(nbytes), per_node, nodes
+    n = p * L
+    if algorithm == "ring":
+        level = (2 * (n - 1), 2 * (n - 1) / n * S) if n > 1 else (0, 0.0)
+        inside, between = (level, (0, 0.0)) if L == 1 else ((0, 0.0), level)
+        return inside, between, (n - 1) / n * S
+    if algorithm == "hierarchical":
+        tree = 2 * _log2(p)
+        between = (2 * (L - 1), 2 * (L - 1) / L * S)
+        return (tree, tree * S), between, _log2(p) * S + (L - 1) / L * S
+    raise ValueError(f"no two-level cost formula for all_reduce {algorithm!r}; 'ring' or 'hierarchical'")
+
+
+def predict_two_level(algorithm: str, per_node: int, nodes: int, nbytes: float, alpha_inside: float,
+                      beta_inside: float, alpha_between: float, beta_between: float, gamma: float = 0.0) -> float:
+    """Predicted seconds of one all-reduce of `nbytes` on `nodes` machines of `per_node` ranks."""
+    (k_in, b_in), (k_out, b_out), reduced = two_level_terms(algorithm, per_node, nodes, nbytes)
+    return k_in * alpha_inside + b_in * beta_inside + k_out * alpha_between + b_out * beta_between + reduced * gamma
+
+
+def bytes_between_nodes(algorithm: str, per_node: int, nodes: int, nbytes: float) -> float:
+    """Bytes one all-reduce sends from machine to machine, all links together: the flat ring's
+    `nodes` links that cross machines each carry 2(N-1)/N S; the hierarchical all-reduce's
+    `nodes` leaders each send 2(L-1)/L S."""
+    n, L, S = per_node * nodes, nodes, float(nbytes)
+    if L == 1:
+        return 0.0
+    if algorithm == "ring":
+        return L * 2 * (n - 1) / n * S
+    if algorithm == "hierarchical":
+        return L * 2 * (L - 1) / L * S
+    raise ValueError(f"no formula for the bytes between machines of all_reduce {algorithm!r}")
