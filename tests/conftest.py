@@ -7,6 +7,7 @@ serial run made by `serial_run` and differences measured by `relative_difference
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from minidist.data import make_task
 from minidist.model import GPTConfig
@@ -37,3 +38,34 @@ def relative_difference(a, b) -> float:
     softmax ignores a shift shared by every key): its values are pure round-off, ~1e-15, and a
     relative comparison of round-off means nothing."""
     return float(np.max(np.abs(np.asarray(a) - np.asarray(b))) / max(np.max(np.abs(b)), 1e-2))
+
+
+def layout(nprocs: int, nodes=None, tcp: bool = False):
+    """One launch of a module's multi-rank fixture: `nprocs` ranks on `nodes` nodes as MPI sees
+    them (`launch.run`; None: one, or MINIDIST_NODES), over TCP sockets if `tcp`. Its id names
+    it: "4", "4 on 2x2 tcp", "4 on 3+1"."""
+    from minidist.comm.launch import ranks_per_node
+
+    name = str(nprocs)
+    if nodes is not None:
+        per_node = ranks_per_node(nprocs, nodes)
+        even = len(set(per_node)) == 1
+        name += " on " + (f"{len(per_node)}x{per_node[0]}" if even else "+".join(map(str, per_node)))
+    return pytest.param((nprocs, nodes, tcp), id=name + (" tcp" if tcp else ""))
+
+
+def ranks_on_each_node(comm) -> list[int]:
+    """How many ranks of the mpi4py communicator `comm` run on each node, as MPI reports it
+    (chapter 2: `Split_type(COMM_TYPE_SHARED)`), nodes in the order of their lowest rank.
+    Called by every rank of `comm` together."""
+    from mpi4py import MPI
+
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    per_node = [size for first, size in comm.allgather((node.Get_rank() == 0, node.Get_size())) if first]
+    node.Free()
+    return per_node
+
+
+def ranks_share_a_node(comm) -> bool:
+    """Whether every rank of `comm` runs on one node, as MPI reports it."""
+    return len(ranks_on_each_node(comm)) == 1

@@ -1,18 +1,25 @@
-"""Hand-written collectives against MPI's own, under real mpiexec with 1, 2, 3 and 4 ranks.
+"""Hand-written collectives against MPI's own, under real mpiexec with 1, 2, 3 and 4 ranks,
+on one node and on several (4 ranks as 2 nodes x 2 over TCP sockets, and as 3 + 1).
 
-Each world size is ONE launch (mpiexec costs ~0.5 s+ a time): the rank program
+Each layout is ONE launch (mpiexec costs ~0.5 s+ a time): the rank program
 `check_everything` below runs every case and returns, per case, whether it matched MPI's
 built-in counterpart and the numbers if not. The pytest tests then assert per group, so a
-failure names the collective, algorithm, op, dtype and count.
+failure names the collective, algorithm, op, dtype and count. The shared-memory all-reduce
+runs on groups whose ranks share a node, as MPI reports it; on a group that spans nodes it
+must refuse with a ValueError.
 """
 from collections import defaultdict
 
 import numpy as np
 import pytest
 
+from conftest import layout, ranks_share_a_node
+
 from minidist.comm.launch import run
 
-SIZES = [1, 2, 3, 4]
+ONE_NODE = [layout(1), layout(2), layout(3), layout(4)]  # one node, or MINIDIST_NODES
+SEVERAL_NODES = [layout(4, nodes=2, tcp=True), layout(4, nodes=[3, 1])]
+LAYOUTS = ONE_NODE + SEVERAL_NODES
 DTYPES = ["float16", "float32", "float64", "int32", "int64"]
 TOL = {"float16": 4e-3, "float32": 2e-6, "float64": 1e-13}  # relative to sum |x_i|
 
@@ -33,6 +40,9 @@ def check_everything(seed):
 
     comm, w = MPI.COMM_WORLD, dist.get_world()
     n, r = w.size, w.rank
+    one_node = ranks_share_a_node(comm)
+    mpi_local = comm.Split_type(MPI.COMM_TYPE_SHARED)  # the ranks on my node: shared memory works there
+    local = dist.World(comm.Split_type(MPI.COMM_TYPE_SHARED))
     rng = np.random.default_rng(seed + 7919 * r)
     mpi_op = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
     results = []  # (group, case, ok, detail)
@@ -42,8 +52,8 @@ def check_everything(seed):
             return rng.integers(-1000, 1000, count).astype(dtype)
         return (rng.standard_normal(count) * 10).astype(dtype)
 
-    def oracle_reduce(x, op, scatter=False):
-        """MPI's Allreduce / Reduce_scatter; float16 goes through float64 (no MPI float16 op)."""
+    def oracle_reduce(x, op, scatter=False, mpi=comm):
+        """MPI's Allreduce / Reduce_scatter on `mpi`; float16 goes through float64 (no MPI float16 op)."""
         wide = x.astype(np.float64) if x.dtype == np.float16 else x
         if scatter:
             counts = [b - a for a, b in chunk_bounds(x.size, n)]
@@ -51,15 +61,15 @@ def check_everything(seed):
             comm.Reduce_scatter(wide, out, counts, op=mpi_op[op])
         else:
             out = np.empty_like(wide)
-            comm.Allreduce(wide, out, op=mpi_op[op])
+            mpi.Allreduce(wide, out, op=mpi_op[op])
         scale = np.empty(x.shape)
-        comm.Allreduce(np.abs(x.astype(np.float64)), scale)  # sum of |x_i| for the tolerance
+        mpi.Allreduce(np.abs(x.astype(np.float64)), scale)  # sum of |x_i| for the tolerance
         if scatter:
             a, b = chunk_bounds(x.size, n)[r]
             scale = scale[a:b]
         if op == "avg":
-            out = out / n
-            scale = scale / n
+            out = out / mpi.Get_size()
+            scale = scale / mpi.Get_size()
         return out, scale
 
     def compare(group, case, got, want, scale, dtype, op):
@@ -77,10 +87,18 @@ def check_everything(seed):
             worst = float(np.max(err / limit)) if err.size else 0.0
             results.append((group, case, worst <= 1.0, f"worst error / tolerance = {worst:.3g}"))
 
-    def same_on_all_ranks(x):
+    def same_on_all_ranks(x, mpi=comm):
         """Every replica must hold identical bytes (data parallelism relies on it)."""
         import zlib
-        return len(set(comm.allgather(zlib.crc32(x.tobytes())))) == 1
+        return len(set(mpi.allgather(zlib.crc32(x.tobytes())))) == 1
+
+    def refuses_across_nodes(group, case, call):
+        """The shared-memory all-reduce on a group that spans nodes: a ValueError on every rank."""
+        try:
+            call()
+            results.append((group, case + " across nodes", False, "did not raise"))
+        except ValueError as error:
+            results.append((group, case + " across nodes", "one machine" in str(error), str(error)))
 
     # all_reduce: every algorithm x op x dtype x count
     for algo in ["naive", "tree", "recursive_doubling", "halving_doubling", "ring", "shared_memory", "auto"]:
@@ -95,6 +113,9 @@ def check_everything(seed):
                             results.append(("all_reduce", case, False, "int avg did not raise"))
                         except TypeError:
                             results.append(("all_reduce", case, True, ""))
+                        continue
+                    if algo == "shared_memory" and not one_node and count > 0:
+                        refuses_across_nodes("all_reduce", case, lambda: dist.all_reduce(x.copy(), op, algorithm=algo))
                         continue
                     want, scale = oracle_reduce(x, op)
                     got = x.copy().reshape(-1, 1) if count % 2 else x.copy()  # 2-D arrays too
@@ -168,37 +189,46 @@ def check_everything(seed):
             got = dist.all_to_all(x)
             results.append(("all_to_all", f"{dtype} count={count}", bool(np.array_equal(got, want)), "differs"))
 
-    # groups: even and odd ranks each reduce among themselves, checked against MPI's Split
+    # groups: even and odd ranks each reduce among themselves, checked against MPI's Split;
+    # then the ranks of each node (where shared memory works whatever the layout)
     sub, mpi_sub = w.split(color=r % 2), comm.Split(r % 2, r)
-    x = data(1000, "float64")
-    want = np.empty_like(x)
-    mpi_sub.Allreduce(x, want)
-    for algo in ["ring", "shared_memory"]:
-        got = dist.all_reduce(x.copy(), group=sub, algorithm=algo)
-        results.append(("groups", f"{algo} split size {sub.size}", sub.size == mpi_sub.size and
-                        bool(np.allclose(got, want, rtol=1e-13)), f"max error {np.max(np.abs(got - want)):.3g}"))
+    sub_one_node = ranks_share_a_node(mpi_sub)
+    for group, mpi_group, name in [(sub, mpi_sub, "split"), (local, mpi_local, "node")]:
+        x = data(1000, "float64")
+        want = np.empty_like(x)
+        mpi_group.Allreduce(x, want)
+        for algo in ["ring", "shared_memory"]:
+            case = f"{algo} {name} size {group.size}"
+            if algo == "shared_memory" and name == "split" and not sub_one_node:
+                refuses_across_nodes("groups", case, lambda: dist.all_reduce(x.copy(), group=sub, algorithm=algo))
+                continue
+            got = dist.all_reduce(x.copy(), group=group, algorithm=algo)
+            results.append(("groups", case, group.size == mpi_group.Get_size() and
+                            bool(np.allclose(got, want, rtol=1e-13)), f"max error {np.max(np.abs(got - want)):.3g}"))
 
-    # shared memory beyond the cases above: arrays larger than the window (several pieces),
-    # then many asynchronous calls in flight at once, of mixed sizes, small and large
+    # shared memory beyond the cases above, among the ranks of my node: arrays larger than the
+    # window (several pieces), then many asynchronous calls in flight at once, of mixed sizes
     for count in [1_200_007, 3_000_001]:  # float32: 4.8 MB (2 pieces) and 12 MB (3 pieces)
         x = data(count, "float32")
-        want, scale = oracle_reduce(x, "sum")
-        got = dist.all_reduce(x.copy(), algorithm="shared_memory")
+        want, scale = oracle_reduce(x, "sum", mpi=mpi_local)
+        got = dist.all_reduce(x.copy(), group=local, algorithm="shared_memory")
         compare("shared_memory", f"pieces count={count}", got, want, scale, "float32", "sum")
-        results.append(("shared_memory", f"pieces count={count} identical on ranks", same_on_all_ranks(got), "ranks differ"))
+        results.append(("shared_memory", f"pieces count={count} identical on ranks",
+                        same_on_all_ranks(got, mpi_local), "ranks differ"))
     arrays = [data(c, "float64") for c in [5, 100_000, 7, 20_000, 300_001, 1]]
-    wants = [oracle_reduce(a, "avg") for a in arrays]
-    works = [dist.all_reduce(a, op="avg", algorithm="shared_memory", async_op=True) for a in arrays]
+    wants = [oracle_reduce(a, "avg", mpi=mpi_local) for a in arrays]
+    works = [dist.all_reduce(a, op="avg", group=local, algorithm="shared_memory", async_op=True) for a in arrays]
     m = np.eye(40)
     while not all(wk.test() for wk in works):
         m = m @ m  # compute between polls
     for i, (wk, a, (want, scale)) in enumerate(zip(works, arrays, wants)):
         compare("shared_memory", f"async {i} count={a.size}", wk.wait(), want, scale, "float64", "avg")
-    return results, traffic_checks(dist, traffic, chunk_bounds, w), other_checks(dist, w, comm, rng)
+    return results, traffic_checks(dist, traffic, chunk_bounds, w, local), other_checks(dist, w, local, rng)
 
 
-def traffic_checks(dist, traffic, chunk_bounds, w):
-    """Bytes and messages each algorithm sent on this rank, for one call of count elements."""
+def traffic_checks(dist, traffic, chunk_bounds, w, local):
+    """Bytes and messages each algorithm sent on this rank, for one call of count elements
+    (the shared-memory all-reduce among the ranks of my node, `local`)."""
     n, out = w.size, {}
     count = 10_007  # not divisible by 2, 3, 4: exercises chunk rounding
     x = np.ones(count, np.float64)
@@ -207,8 +237,8 @@ def traffic_checks(dist, traffic, chunk_bounds, w):
                        ("all_reduce.tree", lambda: dist.all_reduce(x.copy(), algorithm="tree")),
                        ("all_reduce.recursive_doubling", lambda: dist.all_reduce(x.copy(), algorithm="recursive_doubling")),
                        ("all_reduce.halving_doubling", lambda: dist.all_reduce(x.copy(), algorithm="halving_doubling")),
-                       ("all_reduce.shared_memory", lambda: dist.all_reduce(x.copy(), algorithm="shared_memory")),
-                       ("small shared_memory", lambda: dist.all_reduce(x[:1000].copy(), algorithm="shared_memory")),
+                       ("all_reduce.shared_memory", lambda: dist.all_reduce(x.copy(), group=local, algorithm="shared_memory")),
+                       ("small shared_memory", lambda: dist.all_reduce(x[:1000].copy(), group=local, algorithm="shared_memory")),
                        ("reduce_scatter.ring", lambda: dist.reduce_scatter(x)),
                        ("all_gather.ring", lambda: dist.all_gather(x[slice(*chunk_bounds(count, n)[w.rank])],
                                                                    out=np.empty(count)))]:
@@ -218,11 +248,12 @@ def traffic_checks(dist, traffic, chunk_bounds, w):
         out[name] = traffic.snapshot().get(kind, {"bytes_sent": 0, "messages": 0, "bytes_received": 0})
     out["gather"] = traffic.gather()
     out["chunks"] = [b - a for a, b in chunk_bounds(count, n)]
+    out["local"] = (local.rank, [b - a for a, b in chunk_bounds(count, local.size)])
     out["S"] = x.nbytes
     return out
 
 
-def other_checks(dist, w, comm, rng):
+def other_checks(dist, w, local, rng):
     import time
 
     from minidist.comm import p2p
@@ -258,10 +289,13 @@ def other_checks(dist, w, comm, rng):
     t = time.perf_counter()
     dist.barrier()
     out["barrier_wait"] = time.perf_counter() - t
-    # timeout messages: the last rank never joins an all-reduce, by messages and by shared memory
+    # timeout messages: the last rank never joins an all-reduce, by messages and by shared
+    # memory (among the ranks of my node)
+    out["local"] = (local.rank, local.size)
     if n > 1:
-        for key, algorithm in [("timeout", "ring"), ("shm timeout", "shared_memory")]:
-            out[key] = skipped_call_message(dist, p2p, w, algorithm)
+        out["timeout"] = skipped_call_message(dist, p2p, w, "ring")
+        if local.size > 1:
+            out["shm timeout"] = skipped_call_message(dist, p2p, local, "shared_memory")
         dist.barrier()  # the late rank must not run ahead into the next launch's calls
     return out
 
@@ -290,19 +324,27 @@ def skipped_call_message(dist, p2p, w, algorithm):
 _cache = {}
 
 
-def results_for(n):
-    if n not in _cache:
-        _cache[n] = run(check_everything, n, 1234, timeout=240, echo=False)
-    return _cache[n]
+def results_for(launch):
+    """Every rank's results of one launch, `layout(n, nodes, tcp)`; made once per layout."""
+    n, nodes, tcp = launch
+    key = repr(launch)
+    if key not in _cache:
+        _cache[key] = run(check_everything, n, 1234, timeout=240, echo=False, nodes=nodes, tcp=tcp)
+    return _cache[key]
+
+
+def several(*sizes):
+    """The one-node layouts of these world sizes, then every layout on several nodes."""
+    return [p for p in ONE_NODE if p.values[0][0] in sizes] + SEVERAL_NODES
 
 
 GROUPS = ["all_reduce", "reduce", "broadcast", "reduce_scatter", "all_gather", "all_to_all", "groups", "shared_memory"]
 
 
-@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("launch", LAYOUTS)
 @pytest.mark.parametrize("group", GROUPS)
-def test_matches_mpi(n, group):
-    per_rank = [res[0] for res in results_for(n)]
+def test_matches_mpi(launch, group):
+    per_rank = [res[0] for res in results_for(launch)]
     cases = [(rank, case, detail) for rank, res in enumerate(per_rank) for g, case, ok, detail in res
              if g == group and not ok]
     checked = sum(1 for res in per_rank for g, *_ in res if g == group)
@@ -310,9 +352,11 @@ def test_matches_mpi(n, group):
     assert not cases, f"{len(cases)} of {checked} cases failed, e.g. {cases[:5]}"
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
-def test_traffic_matches_formulas(n):
-    for r, (_, t, _) in enumerate(results_for(n)):
+@pytest.mark.parametrize("launch", several(2, 3, 4))
+def test_traffic_matches_formulas(launch):
+    n = launch[0]
+    assert len(results_for(launch)) == n
+    for r, (_, t, _) in enumerate(results_for(launch)):
         S, c = t["S"], [k * 8 for k in t["chunks"]]  # chunk bytes
         ring = t["all_reduce.ring"]
         # ring all-reduce: every chunk but my own in reduce-scatter, every chunk but my
@@ -324,16 +368,19 @@ def test_traffic_matches_formulas(n):
         assert t["reduce_scatter.ring"]["bytes_sent"] == S - c[r]
         assert abs(t["reduce_scatter.ring"]["bytes_sent"] - (n - 1) / n * S) <= 8
         assert t["all_gather.ring"]["bytes_sent"] == S - c[(r + 1) % n]
-        # shared memory, large (80 KB): others read their chunks of my slot and my chunk of the
-        # result, like the ring's 2(N-1)/N S; small (8 KB): everyone reads my whole slot
+        # shared memory among the L ranks of my node, large (80 KB): others read their chunks of
+        # my slot and my chunk of the result, like the ring's 2(L-1)/L S; small (8 KB): everyone
+        # reads my whole slot
+        mine, local_chunks = t["local"]
+        L, cl = len(local_chunks), [k * 8 for k in local_chunks]
         shm = t["all_reduce.shared_memory"]
-        assert shm["bytes_sent"] == shm["bytes_received"] == (S - c[r]) + (n - 1) * c[r]
-        assert abs(shm["bytes_sent"] - 2 * (n - 1) / n * S) <= 2 * n * 8
-        assert t["small shared_memory"]["bytes_sent"] == (n - 1) * 8000
+        assert shm["bytes_sent"] == shm["bytes_received"] == (S - cl[mine]) + (L - 1) * cl[mine]
+        assert abs(shm["bytes_sent"] - 2 * (L - 1) / L * S) <= 2 * L * 8
+        assert t["small shared_memory"]["bytes_sent"] == (L - 1) * 8000
         naive = t["all_reduce.naive"]
         assert naive["bytes_sent"] == ((n - 1) * S if r == 0 else S)
         assert naive["bytes_received"] == ((n - 1) * S if r == 0 else S)
-    ranks = [res[1] for res in results_for(n)]
+    ranks = [res[1] for res in results_for(launch)]
     # tree: every rank but the root sends S once going up and receives S once coming down
     assert sum(t["all_reduce.tree"]["bytes_sent"] for t in ranks) == 2 * (n - 1) * ranks[0]["S"]
     # recursive doubling: P log2 P exchanges of S among the power of two P, plus 2 per extra rank
@@ -353,9 +400,11 @@ def test_traffic_matches_formulas(n):
     assert all(g["bytes_sent"] > 0 and g["messages"] > 0 for g in gathered)
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
-def test_point_to_point_and_barrier(n):
-    for r, (_, _, o) in enumerate(results_for(n)):
+@pytest.mark.parametrize("launch", several(2, 3, 4))
+def test_point_to_point_and_barrier(launch):
+    n = launch[0]
+    assert len(results_for(launch)) == n
+    for r, (_, _, o) in enumerate(results_for(launch)):
         left = (r - 1) % n
         assert o["sendrecv float16"] == [float(left + i) for i in range(5)]
         assert o["sendrecv int64"] == [left + i for i in range(5)]
@@ -363,9 +412,11 @@ def test_point_to_point_and_barrier(n):
             assert o["barrier_wait"] > 0.2, "left the barrier before the late rank arrived"
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
-def test_mismatch_raises_on_every_rank(n):
-    for r, (_, _, o) in enumerate(results_for(n)):
+@pytest.mark.parametrize("launch", several(2, 3, 4))
+def test_mismatch_raises_on_every_rank(launch):
+    n = launch[0]
+    assert len(results_for(launch)) == n
+    for r, (_, _, o) in enumerate(results_for(launch)):
         msg = o["mismatch count"]
         assert msg is not None, f"rank {r} did not raise"
         for k in range(n):
@@ -375,17 +426,20 @@ def test_mismatch_raises_on_every_rank(n):
         assert "rank 0: all_reduce(count=10, dtype=float64" in msg
 
 
-@pytest.mark.parametrize("n", [2, 4])
-def test_async_all_reduce_overlaps_and_matches(n):
-    for r, (_, _, o) in enumerate(results_for(n)):
+@pytest.mark.parametrize("launch", several(2, 4))
+def test_async_all_reduce_overlaps_and_matches(launch):
+    assert len(results_for(launch)) == launch[0]
+    for r, (_, _, o) in enumerate(results_for(launch)):
         same, completed, polls = o["async"]
         assert same and completed
         assert polls >= 1
 
 
-@pytest.mark.parametrize("n", [2, 3])
-def test_timeout_names_rank_peer_and_tag(n):
-    outs = [res[2]["timeout"] for res in results_for(n)]
+@pytest.mark.parametrize("launch", several(2, 3))
+def test_timeout_names_rank_peer_and_tag(launch):
+    n = launch[0]
+    outs = [res[2]["timeout"] for res in results_for(launch)]
+    assert len(outs) == n
     assert outs[n - 1] is None  # the rank that skipped the call did not wait
     for r in range(n - 1):
         msg = outs[r]
@@ -394,6 +448,25 @@ def test_timeout_names_rank_peer_and_tag(n):
         assert "all_reduce.ring" in msg and "tag" in msg
         if r == 0:  # rank 0 receives from its left neighbour, the rank that never came
             assert f"from rank {n - 1}" in msg
-        msg = [res[2]["shm timeout"] for res in results_for(n)][r]
-        assert msg is not None and f"rank {r} of {n}" in msg and "shared-memory all_reduce" in msg
-        assert f"waiting for rank(s) [{n - 1}] to arrive" in msg
+
+
+@pytest.mark.parametrize("launch", several(2, 3))
+def test_shared_memory_timeout_names_the_rank_that_never_came(launch):
+    """Among the ranks of each node (all of them on one node), the last one skips the call."""
+    outs = [res[2] for res in results_for(launch)]
+    assert len(outs) == launch[0]
+    checked = 0
+    for o in outs:
+        r, size = o["local"]
+        if size == 1:  # alone on its node: nobody to wait for
+            assert "shm timeout" not in o
+            continue
+        msg = o["shm timeout"]
+        if r == size - 1:  # the rank that skipped the call did not wait
+            assert msg is None
+            continue
+        assert msg is not None and f"rank {r} of {size}" in msg and "shared-memory all_reduce" in msg
+        assert f"waiting for rank(s) [{size - 1}] to arrive" in msg
+        checked += 1
+    if all(o["local"][1] == len(outs) for o in outs):  # all on one node: every rank but the last waited
+        assert checked == len(outs) - 1

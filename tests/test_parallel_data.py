@@ -1,4 +1,5 @@
-"""Data parallelism reproduces the serial run (chapter 3), under real mpiexec with 2, 3, 4 ranks.
+"""Data parallelism reproduces the serial run (chapter 3), under real mpiexec with 2, 3, 4 ranks,
+and with 4 ranks as 2 nodes x 2 over TCP sockets.
 
 One launch per world size runs every variant (naive, bucketed with tiny/medium/whole-model
 buckets, gradient accumulation, uneven and speed-balanced splits of the batch) for a few float64
@@ -10,7 +11,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import relative_difference, serial_run
+from conftest import layout, relative_difference, serial_run
 
 from minidist.data import make_task
 from minidist.comm.launch import find_mpiexec, run
@@ -92,9 +93,10 @@ def serial():
     return reference["losses"], reference["state"]
 
 
-@pytest.fixture(scope="module", params=[2, 3, 4])
+@pytest.fixture(scope="module", params=[layout(2), layout(3), layout(4), layout(4, nodes=2, tcp=True)])
 def parallel(request):
-    n, results = request.param, run(dp_rank_program, request.param, VARIANTS, timeout=240)
+    n, nodes, tcp = request.param
+    results = run(dp_rank_program, n, VARIANTS, timeout=240, nodes=nodes, tcp=tcp)
     assert len(results) == n and all(len(result) == len(VARIANTS) for result in results)
     return n, results
 

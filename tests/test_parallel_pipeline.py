@@ -1,6 +1,6 @@
 """Model and pipeline parallelism reproduce the serial run (chapters 4 and 5), under real mpiexec.
 
-One launch per world size (pp = 2, 4) runs every variant — GPipe and 1F1B with m = 1, 2, 4, 8
+One launch per world size (pp = 2, 4, and 4 as 2 nodes x 2) runs every variant — GPipe and 1F1B with m = 1, 2, 4, 8
 micro-batches, untied embeddings, and interleaved 1F1B with v = 2 chunks per rank (pp = 2:
 n_layer 4, m = 2 and 4; pp = 4: n_layer 8, m = 4) — for a few float64 steps (gradient clipping
 is active: the serial norms are 2.3, 1.7, 1.5 > 1). The serial reference runs here, in the test
@@ -9,7 +9,7 @@ process.
 import numpy as np
 import pytest
 
-from conftest import relative_difference, serial_run
+from conftest import layout, relative_difference, serial_run
 from minidist.comm.launch import RankError, run
 from minidist.data import make_task
 from minidist.model import GPTConfig
@@ -82,10 +82,10 @@ def serial():
     return {True: serial_reference(True), False: serial_reference(False), ("n_layer", 8): serial_reference(True, 8)}
 
 
-@pytest.fixture(scope="module", params=[2, 4])
+@pytest.fixture(scope="module", params=[layout(2), layout(4), layout(4, nodes=2)])
 def parallel(request):
-    n = request.param
-    return n, run(pp_rank_program, n, VARIANTS, INTERLEAVED[n], timeout=240)
+    n, nodes, tcp = request.param
+    return n, run(pp_rank_program, n, VARIANTS, INTERLEAVED[n], timeout=240, nodes=nodes, tcp=tcp)
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=name)

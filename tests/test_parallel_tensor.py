@@ -1,4 +1,5 @@
-"""Tensor parallelism reproduces the serial run (chapter 6), under real mpiexec with 2 and 4 ranks.
+"""Tensor parallelism reproduces the serial run (chapter 6), under real mpiexec with 2 and 4 ranks,
+and with 4 ranks as 2 nodes x 2 over TCP sockets.
 
 One launch per world size runs everything in float64: the split layers and the f/g functions
 against the serial layers (outputs and gradients), then a few training steps of the tied and
@@ -12,7 +13,8 @@ parallelism's with the ring) and its activation bytes (against
 import numpy as np
 import pytest
 
-from conftest import relative_difference, serial_run
+from conftest import layout, ranks_on_each_node, relative_difference, serial_run
+from minidist.comm.hierarchical import BETWEEN_NODES
 from minidist.comm.launch import run
 from minidist.data import make_task
 from minidist.model import GPT, GPTConfig
@@ -212,7 +214,8 @@ def block_counts(world):
 
 
 def _all_reduce_calls(snapshot):
-    return sum(v["calls"] for k, v in snapshot.items() if k.startswith("all_reduce."))
+    """All-reduce calls; the hierarchical one's leaders also count their part between nodes."""
+    return sum(v["calls"] for k, v in snapshot.items() if k.startswith("all_reduce.") and k != BETWEEN_NODES)
 
 
 def tp_rank_program():
@@ -221,7 +224,7 @@ def tp_rank_program():
 
     world = get_world()
     with default_dtype("float64"):
-        out = {"layers": layer_checks(world), "blocks": block_counts(world),
+        out = {"per node": ranks_on_each_node(world.comm), "layers": layer_checks(world), "blocks": block_counts(world),
                "sequence": sequence_checks(world), "sp vs tp": sp_versus_tp(world)}
         task = make_task("sort", CONFIG["block_size"], seed=0)
         for name in VARIANTS:
@@ -239,7 +242,7 @@ def tp_rank_program():
                 "replicated_grads": {k: p.grad.copy() for k, p in trainer.local_model.named_parameters()
                                      if not getattr(p, "tensor_model_parallel", False)},
                 "memory": trainer.memory(),
-                "all_reduces": sum(v["calls"] for k, v in snap.items() if k.startswith("all_reduce.")) / STEPS,
+                "all_reduces": _all_reduce_calls(snap) / STEPS,
                 "bytes_sent": sum(v["bytes_sent"] for k, v in snap.items() if k.startswith("all_reduce.")) / STEPS,
                 "other_kinds": sorted(k for k in snap if not k.startswith("all_reduce.") and k != "total"),
                 "halves": {k: (v["calls"] / STEPS, v["bytes_sent"] / STEPS) for k, v in snap.items()
@@ -266,9 +269,10 @@ def serial():
     return {name: serial_run(*_variant(name)[:2], BATCH, STEPS) for name in VARIANTS}
 
 
-@pytest.fixture(scope="module", params=[2, 4])
+@pytest.fixture(scope="module", params=[layout(2), layout(4), layout(4, nodes=2, tcp=True)])
 def parallel(request):
-    return request.param, run(tp_rank_program, request.param, timeout=120)
+    n, nodes, tcp = request.param
+    return n, run(tp_rank_program, n, timeout=120, nodes=nodes, tcp=tcp)
 
 
 def test_layers_and_f_g_match_serial(parallel):
@@ -331,14 +335,25 @@ def test_traffic_per_step_matches_formula(parallel):
 
     t, results = parallel
     assert len(results) == t
+    per_node = results[0]["per node"]  # where the ranks run, as MPI reports it
+    hierarchical = len(per_node) > 1 and max(per_node) > 1  # what all_reduce's "auto" picks then
     for variant in VARIANTS:
         config, _, sp = _variant(variant)
         config = GPTConfig(**config)
-        expected = tensor_parallel_traffic_per_step(config, BATCH, t, itemsize=8, sequence_parallel=sp)
-        for result in results:
+        expected = tensor_parallel_traffic_per_step(config, BATCH, t, itemsize=8, sequence_parallel=sp,
+                                                    one_machine=len(per_node) == 1)
+        sent = [result[variant]["bytes_sent"] + sum(b for _, b in result[variant]["halves"].values())
+                for result in results]
+        if hierarchical:  # bytes differ from rank to rank; all ranks together: per all-reduce of S
+            # bytes, trees inside each node (p - 1 sends of S up, as many down) and the leaders' ring
+            per_call = 2 * sum(p - 1 for p in per_node) + 2 * (len(per_node) - 1)
+            halves = 2 * (4 * config.n_layer + 2) * (t - 1) * BATCH * config.block_size * config.n_embd * 8 if sp else 0
+            want = sum(count * per_call * nbytes for nbytes, count, _ in expected["calls"]) + halves
+            assert sum(sent) == want, (t, variant, sent, want)
+        for result, bytes_sent in zip(results, sent):
             got = result[variant]
-            sent = got["bytes_sent"] + sum(b for _, b in got["halves"].values())
-            assert sent == expected["bytes_sent"], (t, variant, sent, expected)
+            if not hierarchical:
+                assert bytes_sent == expected["bytes_sent"], (t, variant, bytes_sent, expected)
             if sp:  # the 4L+2 all-reduces of B·T·C became reduce-scatter + all-gather; one of gradients added
                 assert got["all_reduces"] == expected["all_reduces"] == 5 + 1
                 assert {k: c for k, (c, _) in got["halves"].items()} == {

@@ -1,4 +1,5 @@
-"""ZeRO stages 1-3 reproduce the serial run (chapter 8), under real mpiexec with 2, 3, 4 ranks.
+"""ZeRO stages 1-3 reproduce the serial run (chapter 8), under real mpiexec with 2, 3, 4 ranks,
+and with 4 ranks as 2 nodes x 2.
 
 One launch per world size runs every stage for a few float64 steps, then a checkpoint round
 trip (2 steps, save, a fresh trainer loads, 1 more step), and records memory and traffic. The
@@ -6,7 +7,7 @@ serial reference runs here, in the test process, on the same global batches.
 """
 import numpy as np
 import pytest
-from conftest import relative_difference, serial_run
+from conftest import layout, relative_difference, serial_run
 
 from minidist.comm.cost import zero_bytes_sent
 from minidist.data import make_task
@@ -81,10 +82,11 @@ def serial():
     return reference["losses"], reference["state"]
 
 
-@pytest.fixture(scope="module", params=[2, 3, 4])
+@pytest.fixture(scope="module", params=[layout(2), layout(3), layout(4), layout(4, nodes=2)])
 def parallel(request, tmp_path_factory):
-    root = tmp_path_factory.mktemp(f"zero-dp{request.param}")
-    return request.param, root, run(zero_rank_program, request.param, str(root), timeout=240)
+    n, nodes, tcp = request.param
+    root = tmp_path_factory.mktemp(f"zero-dp{n}")
+    return n, root, run(zero_rank_program, n, str(root), timeout=240, nodes=nodes, tcp=tcp)
 
 
 @pytest.mark.parametrize("stage", STAGES)

@@ -130,7 +130,7 @@ def zero_bytes_sent(stage: int, n: int, units_numel: list[int], bytes_per_elemen
 
 
 def tensor_parallel_traffic_per_step(config, batch: int, tp: int, itemsize: int = 4, seq: int | None = None,
-                                     sequence_parallel: bool = False, one_machine: bool = True) -> dict:
+                                     sequence_parallel: bool = False, *, one_machine: bool) -> dict:
     """All-reduces of one tensor-parallel training step and the bytes each rank sends for them,
     predicted (chapter 6, `parallel/tensor_parallel.py`).
 
@@ -138,9 +138,11 @@ def tensor_parallel_traffic_per_step(config, batch: int, tp: int, itemsize: int 
     backward (f before them), the embedding's g and the head's f: 4L + 2. Small ones of B·T
     elements: the loss's max and its two sums (one message), the accuracy's argmax (max, then
     min of int64 ids); and one number for the gradient norm. Bytes per call are those of the
-    algorithm all_reduce picks for that size (`terms` above): with every rank on one machine
-    (one_machine=True, as under mpirun here) shared memory, which sends (t-1) x the array up to
-    64 KB and 2(t-1)/t of it above, like the ring; across machines the alpha-beta choice.
+    algorithm all_reduce picks for that size (`terms` above). The caller says where the t ranks
+    run, as MPI reports it (`Split_type(COMM_TYPE_SHARED)` on the ranks): one_machine=True, shared
+    memory, which sends (t-1) x the array up to 64 KB and 2(t-1)/t of it above, like the ring;
+    False, one rank per machine, the alpha-beta choice. (Several ranks on each of several
+    machines: the hierarchical all-reduce, whose bytes differ from rank to rank.)
 
     sequence_parallel=True: each B·T·C all-reduce becomes one reduce-scatter and one all-gather
     (ring: (t-1)/t of the array each, together a ring all-reduce's bytes), and one all-reduce of

@@ -37,6 +37,8 @@ that it compares with the message algorithms (kind "all_reduce.shared_memory").
 """
 from __future__ import annotations
 
+import atexit
+
 import numpy as np
 from mpi4py import MPI
 
@@ -67,8 +69,33 @@ def window_or_none(world) -> "SharedWindow | None":
     cache = world.cache
     if "shared_window" not in cache:
         node = world.coll_comm.Split_type(MPI.COMM_TYPE_SHARED)
-        cache["shared_window"] = SharedWindow(world, node) if node.Get_size() == world.size else None
+        if node.Get_size() == world.size:  # the same answer on every rank of the group
+            cache["shared_window"] = SharedWindow(world, node)
+            _OPEN.append(cache["shared_window"])
+            if len(_OPEN) == 1:
+                atexit.register(free_all)  # runs before mpi4py's MPI_Finalize
+        else:
+            node.Free()
+            cache["shared_window"] = None
     return cache["shared_window"]
+
+
+_OPEN: list = []  # every SharedWindow of this process, in the order the groups made them
+
+
+def free_all():
+    """Close every window's epoch, free it and its node communicator (chapter 07). The MPI
+    standard wants this done before MPI_Finalize; left open, finalizing MPICH's TCP transport
+    fails and the job exits non-zero although its results are right. Freeing is collective
+    over each window's ranks; every rank freeing in the order the windows were made cannot
+    deadlock, because making them was collective in that same order."""
+    if MPI.Is_finalized():
+        return
+    while _OPEN:
+        shared = _OPEN.pop(0)
+        shared.free()
+        shared.node.Free()
+        shared.world.cache.pop("shared_window", None)
 
 
 def window(world) -> "SharedWindow":
@@ -143,12 +170,14 @@ class SharedWindow:
         self.node.Barrier()  # every flag is zero before anyone raises one
 
     def free(self):
+        """End the passive epoch and free the window (collective over the node's ranks)."""
         if self.win is not None:
             for row in self.flag_rows:
                 row.release()
+            self.flags = self.flag_rows = self.slot_bytes = self.result_bytes = self._views = None
             self.win.Unlock_all()
             self.win.Free()
-            self.win = None
+            self.win, self.capacity = None, 0
 
     def raise_flag(self, row, k, counts):
         self.win.Sync()  # my data first, then my flag
