@@ -198,3 +198,18 @@ def test_bad_interleaved_layouts_fail_before_any_message(flags, message):
     assert proc.returncode != 0
     assert message in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_demo_prints_the_node_layout_and_reproduces_serial_on_two_nodes(tmp_path):
+    """MPICH's fork launcher with two made-up hosts: MPI sees two machines (chapter 2)."""
+    serial_out, out = tmp_path / "s.json", tmp_path / "two.json"
+    common = ["--steps", "3", "--dtype", "float64", *SMALL]
+    assert demo(*common, "--json", str(serial_out)).returncode == 0
+    cmd = [find_mpiexec(), "-launcher", "fork", "-hosts", "a,b", "-ppn", "2", "-n", "4",
+           sys.executable, "-m", "minidist.demo", *common, "--dp", "4", "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert "minidist: 4 ranks on 2 nodes: node 0: ranks 0-1; node 1: ranks 2-3" in proc.stdout
+    report, serial = json.loads(out.read_text()), json.loads(serial_out.read_text())
+    assert report["all_reduce_algorithms"] == ["hierarchical"]  # auto, across nodes with neighbours
+    np.testing.assert_allclose(report["losses"], serial["losses"], rtol=1e-9)
