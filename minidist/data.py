@@ -181,9 +181,9 @@ class TextData:
         with open(path, "rb") as f:
             self.data = np.frombuffer(f.read(), dtype=np.uint8)
         if len(self.data) < block_size + 1:
+            shorter = f" or a block_size <= {len(self.data) - 1}" if len(self.data) >= 2 else ""
             raise ValueError(f"{path} has {len(self.data)} bytes, fewer than block_size + 1 = "
-                             f"{block_size + 1} that one training window needs; use a longer file "
-                             f"or a block_size <= {len(self.data) - 1}")
+                             f"{block_size + 1} that one training window needs; use a longer file{shorter}")
         self.path, self.block_size, self.seed = path, block_size, seed
         self.answer_length = sample_length
 

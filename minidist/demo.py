@@ -18,7 +18,13 @@ comm (one entry per rank: bytes_sent, bytes_received, messages, ...); for pipeli
 peak_activations); with --balance `rows_per_rank` (the split of every step); for the
 tour `tour` (one row per strategy); `algorithm` (the --algorithm asked for) and
 `all_reduce_algorithms` (those that really ran, e.g. ["shared_memory"] for "auto" on one
-machine; also in every tour row), `kernels` (fast or plain).
+machine; also in every tour row), `kernels` (fast or plain), `first_step` (0, or the step a
+--checkpoint run resumed from: then losses, accuracies and step_seconds cover the steps this run
+trained, first_step to steps - 1).
+
+    python -m minidist.demo --dp 2 ... --checkpoint ckpt --checkpoint-every 50
+                                      # saves ckpt/step-000050/ ...; the same command again resumes
+                                      # from the newest complete checkpoint (minidist/checkpoint.py)
 
 Under `mpirun -n N` with no layout flags the demo runs the tour: the serial reference on rank 0
 (the others wait politely, without spinning), then every strategy in `minidist/strategies.py`
@@ -37,51 +43,55 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-from minidist import comm as dist, strategies
+from minidist import checkpoint, cli, comm as dist, strategies
 from minidist.data import make_task
 from minidist.comm import all_reduce_algorithm, faults, traffic
 from minidist.comm.collectives import ALL_REDUCE
 from minidist.kernels import kernels
 from minidist.model import GPTConfig
+from minidist.parallel import checkpointing
 from minidist.runtime import limit_threads_per_rank, tune_malloc
 from minidist.tensor import set_default_dtype
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    def error(self, message):  # one line, not argparse's usage block
-        if dist.get_rank() == 0:
-            print(f"minidist.demo: error: {message} (see --help)", file=sys.stderr)
-        sys.exit(2)
+def data_source(text: str) -> str:
+    """--data: a built-in task ('sort', 'sort:LENGTH[:DIGITS]') or a regular file (not a device:
+    /dev/zero never ends); whether the file is long enough is checked with --block-size."""
+    if text == "sort" or text.startswith("sort:") or os.path.isfile(text):
+        return text
+    raise argparse.ArgumentTypeError(f"{text}: not a regular file" if os.path.exists(text) else
+                                     f"no task or file named {text!r} (built-in tasks: 'sort')")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _OneLineParser(prog="python -m minidist.demo", description=__doc__.split("\n\n")[0],
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--steps", type=int, default=None, help="training steps (default 300; 20 per strategy in the tour)")
-    p.add_argument("--batch-size", type=int, default=16, help="global batch size (sequences per step)")
-    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (warm-up then cosine)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the weights and the batches")
+    positive = cli.integer(1)
+    p = cli.OneLineParser(prog="python -m minidist.demo", description=__doc__.split("\n\n")[0],
+                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--steps", type=positive, default=None, help="training steps (default 300; 20 per strategy in the tour)")
+    p.add_argument("--batch-size", type=positive, default=16, help="global batch size (sequences per step)")
+    p.add_argument("--lr", type=cli.number(0, lo_open=True), default=3e-3, help="peak learning rate (warm-up then cosine)")
+    p.add_argument("--seed", type=cli.integer(0, 2**32 - 1), default=0, help="seed of the weights and the batches")
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
-    p.add_argument("--n-layer", type=int, default=4)
-    p.add_argument("--n-head", type=int, default=4)
-    p.add_argument("--n-embd", type=int, default=128)
-    p.add_argument("--block-size", type=int, default=64)
-    p.add_argument("--dropout", type=float, default=0.0)
+    p.add_argument("--n-layer", type=positive, default=4)
+    p.add_argument("--n-head", type=positive, default=4)
+    p.add_argument("--n-embd", type=positive, default=128)
+    p.add_argument("--block-size", type=positive, default=64)
+    p.add_argument("--dropout", type=cli.number(0, 1, hi_open=True), default=0.0)
     p.add_argument("--untied", action="store_true", help="separate LM head instead of tying it to the embedding")
-    p.add_argument("--data", default="sort", help="'sort' (built-in task) or a path to any text file")
-    p.add_argument("--log-every", type=int, default=0, help="steps between log lines (0: about 10 lines)")
-    p.add_argument("--dp", type=int, help="data-parallel degree (chapter 3); must equal the number of ranks")
-    p.add_argument("--tp", type=int, help="tensor-parallel degree (chapter 6); must equal the number of ranks")
+    p.add_argument("--data", type=data_source, default="sort", help="'sort' (built-in task) or a path to any text file")
+    p.add_argument("--log-every", type=cli.integer(-1), default=0, help="steps between log lines (0: about 10 lines; -1: none)")
+    p.add_argument("--dp", type=positive, help="data-parallel degree (chapter 3); must equal the number of ranks")
+    p.add_argument("--tp", type=positive, help="tensor-parallel degree (chapter 6); must equal the number of ranks")
     p.add_argument("--sequence-parallel", action="store_true",
                    help="with --tp: LayerNorms, residual adds and dropouts on T/t tokens (chapter 6, section 8)")
-    p.add_argument("--pp", type=int, help="pipeline stages (chapters 4-5); must equal the number of ranks")
-    p.add_argument("--microbatches", type=int, default=4, help="pipeline micro-batches (1: naive model parallelism)")
+    p.add_argument("--pp", type=positive, help="pipeline stages (chapters 4-5); must equal the number of ranks")
+    p.add_argument("--microbatches", type=positive, default=4, help="pipeline micro-batches (1: naive model parallelism)")
     p.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved"], default="1f1b", help="pipeline schedule")
-    p.add_argument("--virtual-stages", type=int, default=2,
+    p.add_argument("--virtual-stages", type=positive, default=2,
                    help="model chunks per rank of --schedule interleaved (the model is cut into pp x V chunks)")
     p.add_argument("--zero", type=int, choices=[1, 2, 3], help="ZeRO stage over the --dp replicas (chapter 8)")
-    p.add_argument("--accumulation", type=int, default=1, help="gradient-accumulation micro-steps per optimizer step")
-    p.add_argument("--bucket-kb", type=int, default=1024, help="data-parallel gradient bucket size (KiB)")
+    p.add_argument("--accumulation", type=positive, default=1, help="gradient-accumulation micro-steps per optimizer step")
+    p.add_argument("--bucket-kb", type=positive, default=1024, help="data-parallel gradient bucket size (KiB)")
     p.add_argument("--naive-dp", action="store_true", help="one blocking all-reduce per parameter after backward")
     p.add_argument("--balance", action="store_true",
                    help="data parallelism: re-split the batch every step by each rank's speed (chapter 3, section 7)")
@@ -91,45 +101,49 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the operations' code path (chapter 1): fused_fast.py, or fused.py as its formulas")
     p.add_argument("--json", metavar="PATH", help="write the run's measurements as JSON (rank 0)")
     p.add_argument("--save", metavar="PATH.npz", help="write the final weights, keyed by parameter name")
+    p.add_argument("--checkpoint", metavar="DIR",
+                   help="save the whole training state in DIR every --checkpoint-every steps; run the same "
+                        "command again to resume from the newest complete checkpoint (one layout, not the tour)")
+    p.add_argument("--checkpoint-every", type=cli.integer(1), default=50, metavar="K",
+                   help="steps between checkpoints (with --checkpoint)")
     return p
 
 
 def check_args(args, world_size: int):
     """Everything that can be wrong with the flags, found identically on every rank before any
     message is sent. Returns (config, task, kind, layout); kind None means the tour."""
-    for name in ("steps", "batch_size", "accumulation", "microbatches", "virtual_stages"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if args.n_embd % args.n_head:  # every flag's own range is its parser type's (build_parser)
+        raise ValueError(f"--n-embd {args.n_embd} is not divisible by --n-head {args.n_head}")
     config = GPTConfig(vocab_size=256, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
                        n_embd=args.n_embd, dropout=args.dropout, tie_weights=not args.untied)
-    task = make_task(args.data, args.block_size, seed=args.seed)
+    try:
+        task = make_task(args.data, args.block_size, seed=args.seed)
+    except (ValueError, OSError) as error:  # OSError: a file that cannot be read, e.g. /proc/self/mem
+        why = f"cannot read it ({error.strerror})" if getattr(error, "strerror", None) else error
+        raise ValueError(f"--data {args.data} --block-size {args.block_size}: {why}") from None
     kind, layout = strategies.choose(args, config, world_size)
     if args.save and kind is None:
         raise ValueError("--save needs one layout (e.g. --dp N): the tour trains many models and keeps none")
+    if args.checkpoint is not None and kind is None:
+        raise ValueError("--checkpoint needs one layout (e.g. --dp N): the tour trains many models and keeps none")
     for flag, path in (("--json", args.json), ("--save", args.save)):
-        if path:
-            check_writable(flag, path)
+        if path is not None:
+            cli.check_writable(flag, path)
+    if args.json is not None and args.save is not None and os.path.abspath(args.json) == os.path.abspath(args.save):
+        raise ValueError(f"--json and --save name the same file {args.save}: the weights would overwrite the JSON")
     return config, task, kind, layout
 
 
-def check_writable(flag: str, path: str) -> None:
-    """A result file's place is checked before training, not after it (nothing lost)."""
-    directory = os.path.dirname(os.path.abspath(path)) or "."
-    if os.path.isdir(path):
-        raise ValueError(f"{flag} {path}: is a directory; give a file name")
-    if not os.path.isdir(directory):
-        raise ValueError(f"{flag} {path}: the directory {directory} does not exist")
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise ValueError(f"{flag} {path}: the directory {directory} is not writable")
-
-
-def train(args, trainer, task, show: bool) -> dict:
-    """The loop every strategy shares: steps, progress bar, log lines with a sample."""
+def train(args, trainer, task, show: bool, first_step: int = 0, before_step=None) -> dict:
+    """The loop every strategy shares: steps, progress bar, log lines with a sample. It starts at
+    `first_step` (a resumed run) and calls `before_step(step)` first in each (checkpoints)."""
     log_every = args.log_every or max(1, args.steps // 10)
     losses, accuracies, seconds = [], [], []
-    bar = tqdm(total=args.steps, disable=not show, desc=trainer.name, unit="step", dynamic_ncols=True)
-    for step in range(args.steps):
+    bar = tqdm(total=args.steps, initial=first_step, disable=not show, desc=trainer.name, unit="step",
+               dynamic_ncols=True)
+    for step in range(first_step, args.steps):
+        if before_step:
+            before_step(step)
         start = time.perf_counter()
         loss, acc = trainer.step(step)
         seconds.append(time.perf_counter() - start)
@@ -164,7 +178,9 @@ def run(kind: str, args, config, task, world, show: bool, ranks=None, with_sampl
     trainer, result = None, {}
     if world.rank in ranks:
         trainer = strategies.make_trainer(kind, args, config, task, world)
-        result = train(args, trainer, task, show and world.rank == 0)
+        first_step, before_step = resume(kind, args, config, trainer, world) if args.checkpoint else (0, None)
+        result = train(args, trainer, task, show and world.rank == 0, first_step, before_step)
+        result["first_step"] = first_step
         if with_sample and world.rank == 0:
             result["sample"] = sample(trainer, task, args.steps)
     # ranks not taking part wait here, politely, for as long as the others train: an expected
@@ -180,6 +196,36 @@ def run(kind: str, args, config, task, world, show: bool, ranks=None, with_sampl
     result["state"] = state if world.rank == 0 else None
     result["parameters"] = trainer.num_parameters() if trainer else None
     return result
+
+
+def resume(kind: str, args, config, trainer, world) -> tuple[int, object]:
+    """--checkpoint: load the newest complete checkpoint (saying so in one line), and the
+    callback that saves one every --checkpoint-every steps (and injects MINIDIST_KILL faults)."""
+    facts = run_facts(kind, args, config, world.size)
+    try:
+        os.makedirs(args.checkpoint, exist_ok=True)  # an unusable place fails now (every rank), not at step K
+        first_step = checkpointing.resume(args.checkpoint, trainer, facts, world) or 0
+    except (ValueError, OSError) as error:
+        faults.fail(f"--checkpoint {args.checkpoint}: {error}")
+    if first_step:
+        world.print0(f"resuming from {args.checkpoint}: step {first_step} of {args.steps} "
+                     f"(checkpoint {checkpoint.step_name(first_step)})")
+
+    def before_step(step: int) -> None:
+        if step > first_step and step % args.checkpoint_every == 0:
+            checkpointing.save(args.checkpoint, step, trainer, facts, world)
+        checkpointing.kill_if_asked(world.rank, step)
+
+    return first_step, before_step
+
+
+def run_facts(kind: str, args, config, world_size: int) -> dict:
+    """What a checkpoint must agree on to be resumed bit for bit: strategy, ranks, model, dtype,
+    and every flag that shapes the steps (the schedule's length too: the learning rate follows it)."""
+    flags = ("steps", "batch_size", "lr", "seed", "data", "accumulation", "microbatches", "schedule",
+             "virtual_stages", "balance")
+    return {"strategy": kind, "world_size": world_size, "dtype": args.dtype, "config": config.to_dict(),
+            **{name: getattr(args, name, None) for name in flags}}
 
 
 def tour(args, config, task, world) -> list[dict]:

@@ -25,10 +25,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 
 import numpy as np
+
+from minidist import cli
 
 # ----------------------------------------------------------------------------- measured
 
@@ -251,22 +254,43 @@ def format_bytes(n: float) -> str:
 # ----------------------------------------------------------------------------- command line
 
 
+MAX_PARAMS = 10**15  # a thousand times today's largest models: beyond it a count is a typo
+
+
+def _count(text: str) -> int:
+    """--params: a parameter count in 1..MAX_PARAMS, read by `parse_count`."""
+    try:
+        value = parse_count(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    except OverflowError:  # 1e400 reads as inf
+        value = math.inf
+    if value > MAX_PARAMS:
+        raise argparse.ArgumentTypeError(f"parameter count {text!r} is more than {MAX_PARAMS:.0e}: "
+                                         "use a number like 7.5e9 or 7.5B")
+    return value
+
+
+def _stage(text: str) -> int:
+    """--zero: a ZeRO stage, 0 to 3."""
+    if text not in ("0", "1", "2", "3"):
+        raise argparse.ArgumentTypeError(f"ZeRO stage must be 0, 1, 2 or 3, got {text}")
+    return int(text)
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = cli.OneLineParser(
         prog="python -m minidist.memory",
         description="Per-device memory of model states (params, grads, Adam states) under ZeRO.")
-    parser.add_argument("--params", required=True, help="parameter count, e.g. 7.5e9 or 7.5B")
-    parser.add_argument("--dp", type=int, default=1, help="data-parallel degree N (default 1)")
-    parser.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3 (default 0)")
+    parser.add_argument("--params", type=_count, required=True, help="parameter count, e.g. 7.5e9 or 7.5B")
+    parser.add_argument("--dp", type=cli.integer(1), default=1, help="data-parallel degree N (default 1)")
+    parser.add_argument("--zero", type=_stage, default=0, help="ZeRO stage 0-3 (default 0)")
     parser.add_argument("--precision", default="mixed", choices=sorted(PRECISIONS),
                         help="mixed: 2+2+12 bytes/param (default); fp32: 4+4+8")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
-    try:
-        num_params = parse_count(args.params)
-        piles = model_state_bytes(num_params, args.dp, args.zero, args.precision)
-    except ValueError as error:
-        parser.error(str(error))  # exits with status 2 and the message
+    num_params = args.params
+    piles = model_state_bytes(num_params, args.dp, args.zero, args.precision)
     if args.json:
         print(json.dumps({
             "params": num_params, "dp": args.dp, "zero": args.zero, "precision": args.precision,

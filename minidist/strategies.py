@@ -57,7 +57,7 @@ def choose(args, config, world_size: int) -> tuple[str | None, dict]:
     layout = {**SERIAL, name: degree, "zero": args.zero or 0}
     if name == "dp":
         if args.batch_size % (degree * args.accumulation):
-            raise ValueError(f"global batch {args.batch_size} is not divisible by dp={degree} x "
+            raise ValueError(f"--batch-size {args.batch_size} (the global batch) is not divisible by dp={degree} x "
                              f"accumulation={args.accumulation}")
         kind = f"zero{args.zero}" if args.zero else ("dp-naive" if args.naive_dp else "dp")
     elif name == "tp":

@@ -8,8 +8,11 @@ with the work spread over ranks, and its tests compare its losses and final weig
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
+
+import numpy as np
 
 from minidist import memory
 from minidist.data import accuracy
@@ -57,6 +60,13 @@ class Trainer(Protocol):
     beyond that (a pipeline's bubble, a balanced split), keyed as in the demo's --json; and
     `model` the whole model when this rank holds it (to sample from), else None.
 
+    Checkpoints: `checkpoint_state()` is *this rank's part* of the whole training state as flat
+    named arrays (its weights, its AdamW moments and step count, the state of every random
+    generator it holds: dropout masks repeat), no messages; `load_checkpoint_state(state)` puts
+    such a dict back, refusing any missing or extra name and any array of the wrong shape or
+    dtype (a cut array must never load by broadcasting). The data position is not in it: a
+    batch is a function of (seed, step), and the step is the checkpoint's (minidist/checkpoint.py).
+
     A strategy states that it is a Trainer by subclassing it, and inherits the defaults of the
     last two."""
 
@@ -70,6 +80,10 @@ class Trainer(Protocol):
     def state_dict(self) -> dict | None: ...
 
     def num_parameters(self) -> int: ...
+
+    def checkpoint_state(self) -> dict[str, np.ndarray]: ...
+
+    def load_checkpoint_state(self, state: dict[str, np.ndarray]) -> None: ...
 
     def report(self) -> dict:
         return {}
@@ -108,3 +122,72 @@ class SerialTrainer(Trainer):
         """The full model's weights by name (every trainer has this; for sharded strategies it
         is collective and returns the consolidated dict on rank 0)."""
         return self.model.state_dict()
+
+    def checkpoint_state(self) -> dict[str, np.ndarray]:
+        return training_state(self.model, self.optimizer)
+
+    def load_checkpoint_state(self, state: dict[str, np.ndarray]) -> None:
+        load_training_state(self.model, self.optimizer, state)
+
+
+# ----------------------------------------------------------------------------- the training state
+
+
+def training_state(model, optimizer) -> dict[str, np.ndarray]:
+    """Everything a step changes, as flat named arrays: `param.<name>`, `optimizer.<name>.exp_avg`
+    (and `.exp_avg_sq`; zeros before a parameter's first update, as AdamW starts them),
+    `optimizer.step`, and `rng.<module>.<attribute>` for every generator (`generator_states`)."""
+    state = {f"param.{name}": p.data for name, p in model.named_parameters()}
+    names = {id(p): name for name, p in model.named_parameters()}
+    for p, moments in zip(optimizer.params(), optimizer.state):
+        for key in ("exp_avg", "exp_avg_sq"):
+            state[f"optimizer.{names[id(p)]}.{key}"] = moments.get(key, np.zeros_like(p.data))
+    state["optimizer.step"] = np.array(optimizer.step_count)
+    return {**state, **generator_states(model)}
+
+
+def load_training_state(model, optimizer, state: dict[str, np.ndarray]) -> None:
+    """Put `training_state`'s arrays back (exact names, shapes and dtypes, or an error)."""
+    expected = training_state(model, optimizer)
+    check_arrays(expected, state)
+    for name, p in model.named_parameters():
+        p.data[...] = state[f"param.{name}"]
+    names = {id(p): name for name, p in model.named_parameters()}
+    for i, p in enumerate(optimizer.params()):
+        optimizer.state[i] = {key: state[f"optimizer.{names[id(p)]}.{key}"].copy() for key in ("exp_avg", "exp_avg_sq")}
+    optimizer.step_count = int(state["optimizer.step"])
+    load_generator_states(model, state)
+
+
+def generators(module):
+    """(`rng.<module>.<attribute>`, generator) for every np.random.Generator in the module tree:
+    Dropout's masks, attention's dropout; a strategy's own layers are found the same way."""
+    for module_name, sub in module.named_modules():
+        for attribute, value in vars(sub).items():
+            if isinstance(value, np.random.Generator):
+                yield ".".join(filter(None, ("rng", module_name, attribute))), value
+
+
+def generator_states(module) -> dict[str, np.ndarray]:
+    """Each generator's state as the bytes of its JSON (PCG64's state is a 128-bit integer)."""
+    return {key: np.frombuffer(json.dumps(g.bit_generator.state).encode(), dtype=np.uint8).copy()
+            for key, g in generators(module)}
+
+
+def load_generator_states(module, state: dict[str, np.ndarray]) -> None:
+    for key, g in generators(module):
+        g.bit_generator.state = json.loads(bytes(state[key]).decode())
+
+
+def check_arrays(expected: dict[str, np.ndarray], state: dict[str, np.ndarray]) -> None:
+    """Refuse a state whose names, shapes or dtypes differ from `expected` (generator states
+    are bytes of any length: their names are checked)."""
+    missing, extra = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    if missing or extra:
+        raise ValueError(f"the checkpoint's arrays do not fit this trainer: {len(missing)} missing "
+                         f"{missing[:3]}, {len(extra)} unexpected {extra[:3]}")
+    for name, mine in expected.items():
+        theirs = state[name]
+        if not name.startswith("rng.") and (theirs.shape != np.shape(mine) or theirs.dtype != np.asarray(mine).dtype):
+            raise ValueError(f"checkpoint array {name}: shape {theirs.shape} {theirs.dtype}, this trainer's "
+                             f"is {np.shape(mine)} {np.asarray(mine).dtype}")

@@ -56,9 +56,9 @@ def test_demo_learns_the_sorting_task(tmp_path):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--n-embd", "130"], "n_embd=130 is not divisible by n_head=4"),
+    (["--n-embd", "130"], "--n-embd 130 is not divisible by --n-head 4"),
     (["--block-size", "8"], "block_size >= 16"),
-    (["--steps", "0"], "--steps must be >= 1"),
+    (["--steps", "0"], "argument --steps: expected an integer >= 1, got '0'"),
     (["--data", "/no/such/file"], "no task or file named"),
     (["--bogus"], "unrecognized arguments: --bogus"),
 ])

@@ -176,7 +176,7 @@ def _demo(nprocs, *flags):
 def test_batch_not_divisible_fails_before_training():
     proc = _demo(2, "--dp", "2", "--batch-size", "6", "--accumulation", "4", "--steps", "1")
     assert proc.returncode != 0
-    assert "global batch 6 is not divisible by dp=2 x accumulation=4" in proc.stderr
+    assert "--batch-size 6 (the global batch) is not divisible by dp=2 x accumulation=4" in proc.stderr
     assert proc.stderr.count("error") == 1, proc.stderr  # one line, from rank 0 only
 
 

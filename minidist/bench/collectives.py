@@ -38,6 +38,7 @@ import numpy as np
 from mpi4py import MPI
 
 import minidist.comm as dist
+from minidist import cli
 from minidist.comm import cost, faults, traffic
 from minidist.comm.algorithms import chunk_bounds
 from minidist.runtime import limit_threads_per_rank, tune_malloc
@@ -45,6 +46,8 @@ from minidist.runtime import limit_threads_per_rank, tune_malloc
 DEFAULT_SIZES = ["1K", "4K", "16K", "64K", "256K", "1M", "4M", "16M", "64M"]
 QUICK_SIZES = ["1K", "16K", "64K", "1M", "16M"]
 ALL_REDUCE_ALGOS = ["naive", "tree", "recursive_doubling", "halving_doubling", "ring", "auto"]
+ALGORITHM_NAMES = [*ALL_REDUCE_ALGOS, "shared_memory", "hierarchical"]
+ALGORITHM_NAMES += [name + "+spin" for name in ALGORITHM_NAMES]
 BUS = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
        "all_gather": lambda n: (n - 1) / n}
 
@@ -53,6 +56,18 @@ def parse_size(text: str) -> int:
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     text = text.strip().upper().rstrip("B")
     return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
+
+
+def size_flag(text: str) -> int:
+    """--sizes: one size, whole float32 elements (a multiple of 4 bytes), at most 1G."""
+    try:
+        nbytes = parse_size(text)
+    except (ValueError, KeyError, IndexError):
+        nbytes = -1
+    if not (4 <= nbytes <= 1 << 30 and nbytes % 4 == 0):
+        raise argparse.ArgumentTypeError(f"expected a size in bytes (a multiple of 4 from 4 to 1G, e.g. 64K), "
+                                         f"got {text!r}")
+    return nbytes
 
 
 def human(nbytes: float) -> str:
@@ -236,16 +251,17 @@ def wait_demo(comm):
 
 def main(argv=None):
     faults.install()
-    parser = argparse.ArgumentParser(prog="python -m minidist.bench collectives", description=__doc__.split("\n")[0])
-    parser.add_argument("--json", help="write the records to this file (rank 0)")
-    parser.add_argument("--sizes", help="comma-separated sizes in bytes, e.g. 1K,64K,1M")
+    parser = cli.OneLineParser(prog="python -m minidist.bench collectives", description=__doc__.split("\n")[0])
+    parser.add_argument("--json", type=cli.output_file, help="write the records to this file (rank 0)")
+    parser.add_argument("--sizes", type=cli.listof(size_flag),
+                        help="comma-separated sizes in bytes, multiples of 4 up to 1G, e.g. 1K,64K,1M")
     parser.add_argument("--quick", action="store_true", help=f"sizes {','.join(QUICK_SIZES)}, shorter timing")
-    parser.add_argument("--algorithms", default=None,
+    parser.add_argument("--algorithms", type=cli.listof(cli.one_of(ALGORITHM_NAMES)), default=None,
                         help="all-reduce algorithms (default: " + ",".join(ALL_REDUCE_ALGOS + ["auto+spin"]) +
                         ", and hierarchical on several machines); '+spin' = with MPI's spinning wait instead of "
                         "the polite one")
-    parser.add_argument("--budget", type=float, default=None, help="seconds per timing round")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--budget", type=cli.number(0, 60, lo_open=True), default=None, help="seconds per timing round")
+    parser.add_argument("--rounds", type=cli.integer(1), default=3)
     parser.add_argument("--no-malloc-tuning", action="store_true")
     parser.add_argument("--wait-demo", action="store_true", help="only measure the polite wait's effect")
     args = parser.parse_args(argv)
@@ -256,13 +272,12 @@ def main(argv=None):
         return 0
     tuned = False if args.no_malloc_tuning else tune_malloc()
     dist.set_check(False)  # MPI's collectives do not check either
-    sizes = [parse_size(s) for s in (args.sizes.split(",") if args.sizes else
-                                     QUICK_SIZES if args.quick else DEFAULT_SIZES)]
+    sizes = args.sizes or [parse_size(s) for s in (QUICK_SIZES if args.quick else DEFAULT_SIZES)]
     budget = args.budget or (0.02 if args.quick else 0.05)
     layout = node_layout(comm)
     machines = len(layout) > 1
     default = ALL_REDUCE_ALGOS + ["auto+spin"] + ["hierarchical"] * machines
-    algorithms = args.algorithms.split(",") if args.algorithms else default
+    algorithms = args.algorithms or default
     np.seterr(over="ignore", invalid="ignore")  # repeated in-place sums grow to inf: harmless here
     n = comm.size
     link, alpha, beta, gamma = fit_link(comm, sizes, budget, args.rounds)

@@ -40,6 +40,7 @@ from collections import Counter
 
 import numpy as np
 
+from minidist import cli
 from minidist.comm.launch import run
 
 CONFIG = dict(vocab_size=256, block_size=64, n_layer=4, n_head=4, n_embd=128)
@@ -149,6 +150,19 @@ def measure(n: int, modes: list[str], args, wait=None) -> dict:
     return out
 
 
+def slow_rank(text: str) -> tuple[int, float]:
+    """--slow RANK:MS -> (rank, seconds of extra work per row)."""
+    rank, _, ms = text.partition(":")
+    try:
+        rank, seconds = int(rank), float(ms) / 1e3
+    except ValueError:
+        rank, seconds = -1, -1.0
+    if rank < 0 or not 0 <= seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"--slow takes RANK:MS, e.g. 1:3 (a rank >= 0, milliseconds >= 0), "
+                                         f"got {text!r}")
+    return rank, seconds
+
+
 def job_modes(n: int, args) -> list[str]:
     if n == 1:
         return ["serial", "bucketed"]  # dp=1 never communicates: naive and bucketed are the same run
@@ -157,31 +171,26 @@ def job_modes(n: int, args) -> list[str]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m minidist.bench dp", description=__doc__.split("\n")[0])
-    parser.add_argument("--dp", default="1,2,4", help="data-parallel degrees, comma-separated")
-    parser.add_argument("--modes", default="naive,bucketed,balanced", help="any of naive, bucketed, balanced")
-    parser.add_argument("--steps", type=int, default=8, help="timed steps per job")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
-    parser.add_argument("--repeats", type=int, default=3, help="jobs per dp (median and range over them)")
-    parser.add_argument("--batch", type=int, default=BATCH, help="global batch (sequences)")
-    parser.add_argument("--bucket-kb", type=int, default=1024, help="gradient bucket cap (KiB)")
+    positive = cli.integer(1)
+    parser = cli.OneLineParser(prog="python -m minidist.bench dp", description=__doc__.split("\n")[0])
+    parser.add_argument("--dp", type=cli.listof(positive), default=[1, 2, 4], help="data-parallel degrees, comma-separated")
+    parser.add_argument("--modes", type=cli.listof(cli.one_of(DP_MODES)), default=list(DP_MODES),
+                        help="any of " + ", ".join(DP_MODES))
+    parser.add_argument("--steps", type=positive, default=8, help="timed steps per job")
+    parser.add_argument("--warmup", type=cli.integer(0), default=2, help="untimed steps first")
+    parser.add_argument("--repeats", type=positive, default=3, help="jobs per dp (median and range over them)")
+    parser.add_argument("--batch", type=positive, default=BATCH, help="global batch (sequences)")
+    parser.add_argument("--bucket-kb", type=positive, default=1024, help="gradient bucket cap (KiB)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     parser.add_argument("--no-ceiling", dest="ceiling", action="store_false",
                         help="skip the N independent serial runs at B/N (no communication)")
-    parser.add_argument("--slow", metavar="RANK:MS", help="make one rank slower: MS milliseconds of extra busy "
+    parser.add_argument("--slow", metavar="RANK:MS", type=slow_rank, help="make one rank slower: MS milliseconds of extra busy "
                         "work per row of its batch in every forward (a straggler that stays slow)")
     parser.add_argument("--torch", action="store_true", help="also time PyTorch in the same jobs: its serial step "
                         "(torch-serial) and its DistributedDataParallel over gloo (torch-ddp, x its own serial)")
-    parser.add_argument("--json", metavar="PATH", help="write the records as a JSON list")
+    parser.add_argument("--json", metavar="PATH", type=cli.output_file, help="write the records as a JSON list")
     args = parser.parse_args(argv)
-    args.dp = [int(x) for x in args.dp.split(",")]
-    args.modes = args.modes.split(",")
     if args.slow:
-        try:
-            rank, ms = args.slow.split(":")
-            args.slow = (int(rank), float(ms) / 1e3)
-        except ValueError:
-            parser.error(f"--slow takes RANK:MS, e.g. 1:3 (got {args.slow!r})")
         if min(args.dp) <= args.slow[0]:
             parser.error(f"--slow {args.slow[0]}:...: rank {args.slow[0]} does not exist at dp={min(args.dp)}")
     if args.torch:
@@ -189,12 +198,9 @@ def main(argv=None) -> int:
             import torch  # noqa: F401  (never a dependency of minidist)
         except ImportError:
             parser.error("--torch needs PyTorch: pip install torch")
-    unknown = [m for m in args.modes if m not in DP_MODES]
-    if unknown:
-        parser.error(f"unknown mode(s) {', '.join(unknown)}: choose from {', '.join(DP_MODES)}")
     for n in args.dp:
         if args.batch % n:
-            parser.error(f"global batch {args.batch} is not divisible by dp={n}")
+            parser.error(f"--batch {args.batch} is not divisible by --dp {n}")
 
     print(f"data-parallel throughput: GPT {CONFIG}, {args.dtype}, global batch {args.batch}, "
           f"{args.steps} timed steps after {args.warmup}, {args.repeats} jobs per dp, "

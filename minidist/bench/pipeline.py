@@ -22,12 +22,12 @@ ranks, two ranks share a core: their compute stretches, so use p = 2 for a clean
 """
 from __future__ import annotations
 
-import argparse
 import json
 import time
 
 import numpy as np
 
+from minidist import cli
 from minidist.data import make_task
 from minidist.model import GPTConfig
 from minidist.train import OptimSettings
@@ -84,21 +84,35 @@ def print_table(records) -> None:
 
 def main(argv=None):
     from minidist.comm import faults, get_world
+    from minidist.parallel.pipeline import check_layout
     from minidist.runtime import limit_threads_per_rank
 
     faults.install()
-    parser = argparse.ArgumentParser(prog="python -m minidist.bench pipeline", description=__doc__.split("\n")[0])
-    parser.add_argument("--microbatches", default="1,2,4,8")
-    parser.add_argument("--schedules", default="gpipe,1f1b")
-    parser.add_argument("--virtual-stages", type=int, default=2, help="chunks per rank of the interleaved schedule")
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--json", help="write the records (without events) to this file (rank 0)")
+    positive = cli.integer(1)
+    parser = cli.OneLineParser(prog="python -m minidist.bench pipeline", description=__doc__.split("\n")[0])
+    parser.add_argument("--microbatches", type=cli.listof(positive), default=[1, 2, 4, 8])
+    parser.add_argument("--schedules", type=cli.listof(cli.one_of(["gpipe", "1f1b", "interleaved"])),
+                        default=["gpipe", "1f1b"])
+    parser.add_argument("--virtual-stages", type=positive, default=2, help="chunks per rank of the interleaved schedule")
+    parser.add_argument("--steps", type=positive, default=4)
+    parser.add_argument("--batch-size", type=positive, default=16)
+    parser.add_argument("--json", type=cli.output_file, help="write the records (without events) to this file (rank 0)")
     args = parser.parse_args(argv)
-    limit_threads_per_rank()  # ranks share the machine's cores (chapter 2)
     world = get_world()
-    records = measure(args.schedules.split(","), [int(m) for m in args.microbatches.split(",")],
-                      args.steps, args.batch_size, virtual_stages=args.virtual_stages)
+    config = GPTConfig(**DEFAULT_CONFIG)
+    for schedule in args.schedules:  # the same verdict on every rank, before any message
+        for m in args.microbatches:
+            if schedule == "interleaved" and m % world.size:
+                continue  # measure() skips it
+            try:
+                check_layout(config, args.batch_size, world.size, m, schedule,
+                             args.virtual_stages if schedule == "interleaved" else 1)
+            except ValueError as error:
+                parser.error(f"--schedules {schedule} --microbatches {m} --batch-size {args.batch_size} "
+                             f"on {world.size} ranks: {error}")
+    limit_threads_per_rank()  # ranks share the machine's cores (chapter 2)
+    records = measure(args.schedules, args.microbatches, args.steps, args.batch_size,
+                      virtual_stages=args.virtual_stages)
     if world.rank == 0:
         print_table(records)
         if args.json:

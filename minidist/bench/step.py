@@ -21,13 +21,13 @@ It runs NumPy's BLAS and PyTorch with one thread each: that is how ranks run.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import time
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from minidist import cli
 from minidist.kernels import kernels
 from minidist.model import GPT, GPTConfig
 from minidist.optim import AdamW
@@ -139,14 +139,14 @@ def torch_step(config, batch_size, dtype):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m minidist.bench step", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=20, help="timed steps (median reported)")
-    parser.add_argument("--warmup", type=int, default=3)
+    parser = cli.OneLineParser(prog="python -m minidist.bench step", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=cli.integer(1), default=20, help="timed steps (median reported)")
+    parser.add_argument("--warmup", type=cli.integer(0), default=3)
     parser.add_argument("--dtype", choices=["float32", "float64", "both"], default="both")
     parser.add_argument("--kernels", choices=["fast", "plain", "both"], default="both",
                         help="which kernel path(s) of minidist to time (minidist.kernels)")
     parser.add_argument("--no-torch", action="store_true", help="skip PyTorch even when installed")
-    parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--json", metavar="PATH", type=cli.output_file)
     args = parser.parse_args(argv)
     tune_malloc()
     threadpool_limits(limits=1)  # one BLAS thread, as a rank has when ranks fill the cores (torch: the same)

@@ -19,10 +19,9 @@ N elements): a few bytes. `measure(...)` is the rank program notebooks call thro
 """
 from __future__ import annotations
 
-import argparse
 import json
 
-from minidist import memory
+from minidist import cli, memory
 from minidist.comm.cost import zero_bytes_sent
 from minidist.data import make_task
 from minidist.model import GPTConfig
@@ -79,19 +78,20 @@ def measure(stages=(0, 1, 2, 3), steps: int = 2, batch_size: int = 16, config: d
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m minidist.bench zero", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--stages", default="0,1,2,3")
-    parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--json", metavar="PATH")
+    parser = cli.OneLineParser(prog="python -m minidist.bench zero", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--stages", type=cli.listof(cli.integer(0, 3)), default=[0, 1, 2, 3])
+    parser.add_argument("--steps", type=cli.integer(1), default=2)
+    parser.add_argument("--batch-size", type=cli.integer(1), default=16)
+    parser.add_argument("--json", metavar="PATH", type=cli.output_file)
     args = parser.parse_args(argv)
     from minidist.comm import get_world
     from minidist.runtime import limit_threads_per_rank
 
-    limit_threads_per_rank()  # ranks share the machine's cores (chapter 2)
-
     world = get_world()
-    records = measure([int(s) for s in args.stages.split(",")], args.steps, args.batch_size)
+    if args.batch_size % world.size:  # the same verdict on every rank, before any message
+        parser.error(f"--batch-size {args.batch_size} is not divisible by the {world.size} ranks")
+    limit_threads_per_rank()  # ranks share the machine's cores (chapter 2)
+    records = measure(args.stages, args.steps, args.batch_size)
     everyone = world.comm.gather(records, root=0)
     if world.rank != 0:
         return 0

@@ -155,6 +155,14 @@ class Work:
         self._advance(block=True, timeout=timeout)
         return self._result
 
+    def timed_out(self, waited):
+        """Raise the timeout of the step this call still waits for, after `waited` seconds (a
+        call queued behind this one waited that long: shared_memory.AfterWork)."""
+        pending = self._pending
+        if pending.__class__ is list:
+            p2p._raise_timeout(self._ctx.explain(pending), pending, waited)
+        pending.timed_out(waited)
+
 
 def _run(ctx, steps, result, async_op, finish=None):
     """Drive a schedule: `steps` is an algorithm's generator (or None: nothing to send) and

@@ -13,6 +13,20 @@ lost among the other ranks' output).
 The other half of "never hang" is the timeout on every wait (p2p.wait raises CommTimeout,
 naming the rank, the peer and the tag), which `install()` then turns into an abort as well.
 
+What an abort cleans up. MPICH keeps its shared memory in files /dev/shm/mpich_shm_* (its
+intra-node transport, and every `MPI.Win.Allocate_shared` window such as shared_memory.py's),
+and removes them in MPI_Finalize only: after MPI_Abort they stay, a few MB per failed job,
+mapped by no process. Before aborting, `abort` removes the names of exactly the segments
+this process has mapped (read from /proc/self/maps): they belong to this job, since
+MPICH shares a segment only among the ranks of one job on one machine. Removing a name
+does not unmap the memory, so ranks still running keep working until the launcher ends
+them. Not cleaned: segments of this job that this rank never mapped (on another machine:
+there the launcher kills the ranks before any of them can clean), anything left by a rank
+killed from outside (SIGKILL, out of memory), and other jobs' leftovers. minidist does not
+free its windows (`MPI_Win_free`) on this path: freeing is collective, and the other ranks
+are not there to take part; unlinking the files is what releases their memory once the
+processes are gone.
+
 `fail(message)` is for errors every rank detects alike before any message is sent (an
 invalid layout such as --dp 3 on 4 ranks): rank 0 prints one line, every rank exits with
 status 2; no traceback, no abort needed.
@@ -37,11 +51,32 @@ def format_exception(exc_type, exc, tb) -> str:
     return "".join(f"[rank {rank}] {line}\n" for line in text.rstrip("\n").split("\n"))
 
 
+def mapped_shared_memory() -> list[str]:
+    """The MPICH shared-memory files this process maps (none where /proc is not there)."""
+    try:
+        with open("/proc/self/maps") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    paths = {line.split(maxsplit=5)[5] for line in lines if line.count(" ") >= 5 and "/dev/shm/mpich_shm_" in line}
+    return sorted(p for p in paths if p.startswith("/dev/shm/mpich_shm_") and not p.endswith(" (deleted)"))
+
+
+def remove_shared_memory() -> None:
+    """Remove the names of this job's shared-memory segments (see the module's docstring)."""
+    for path in mapped_shared_memory():
+        try:
+            os.unlink(path)
+        except OSError:
+            pass  # another rank of the job removed it first
+
+
 def abort(exc_type, exc, tb, grace: float = 0.2):
-    """Print the traceback once, then end every rank of the job."""
+    """Print the traceback once, remove this job's shared-memory files, end every rank."""
     sys.stderr.write(format_exception(exc_type, exc, tb))
     sys.stderr.flush()
     sys.stdout.flush()
+    remove_shared_memory()
     if MPI.COMM_WORLD.Get_size() > 1:
         # Other ranks often fail at the same moment for the same reason (a mismatch error is
         # raised on every rank); a short grace period lets them print before we kill them.

@@ -261,7 +261,7 @@ class AfterWork:
         return self.work.test()  # advances the earlier call as far as it can go
 
     def timed_out(self, waited):
-        self.work.wait(timeout=0.0)  # raises the earlier call's own timeout, naming its ranks
+        self.work.timed_out(waited)  # the earlier call's own timeout, naming its ranks, after `waited` s
 
 
 def after(work, steps):

@@ -40,7 +40,8 @@ from minidist.data import accuracy
 from minidist.model import GPT, GPTConfig
 from minidist.tensor import graph_bytes
 from minidist.timeline import Timeline
-from minidist.train import OptimSettings, Trainer, clip_and_step, make_optimizer
+from minidist.train import (OptimSettings, Trainer, clip_and_step, load_training_state, make_optimizer,
+                            training_state)
 
 
 class NaiveDistributedDataParallel:
@@ -309,3 +310,10 @@ class DataParallelTrainer(Trainer):
 
     def state_dict(self) -> dict:
         return self.model.state_dict()
+
+    def checkpoint_state(self) -> dict[str, np.ndarray]:
+        """This replica's whole training state (every rank holds a full copy: each writes its own)."""
+        return training_state(self.model, self.optimizer)
+
+    def load_checkpoint_state(self, state: dict[str, np.ndarray]) -> None:
+        load_training_state(self.model, self.optimizer, state)

@@ -49,7 +49,8 @@ from minidist.nn import Dropout, Embedding, LayerNorm, Linear, Module
 from minidist.parallel import schedules as S
 from minidist.tensor import Tensor, graph_bytes
 from minidist.timeline import Timeline
-from minidist.train import OptimSettings, Trainer, clip_and_step, make_optimizer
+from minidist.train import (OptimSettings, Trainer, clip_and_step, load_training_state, make_optimizer,
+                            training_state)
 
 TIED_TAG = 1 << 20  # above every activation/gradient tag (2 * (micro * p * v + edge) + direction)
 
@@ -353,6 +354,13 @@ class PipelineTrainer(Trainer):
     def num_parameters(self) -> int:
         """Parameters of the whole model (the tied weight once), as `GPT.num_parameters()`."""
         return memory.param_count(self.config)
+
+    def checkpoint_state(self) -> dict[str, np.ndarray]:
+        """This stage's weights (the last stage's copy of a tied wte too), moments, generators."""
+        return training_state(self.stage, self.optimizer)
+
+    def load_checkpoint_state(self, state: dict[str, np.ndarray]) -> None:
+        load_training_state(self.stage, self.optimizer, state)
 
     def state_dict(self) -> dict:
         """Collective. Rank 0 gets the whole model's state dict (serial keys and shapes); the

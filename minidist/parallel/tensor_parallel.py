@@ -52,7 +52,7 @@ from minidist.parallel.sequence import (SequenceParallelLayers, allreduce_sequen
                                         check_sequence_length, mark_sequence_parallel)
 from minidist.parallel.tensor_layers import TensorParallelLayers, vocab_parallel_argmax, vocab_parallel_cross_entropy
 from minidist.tensor import Tensor, get_default_dtype, graph_bytes
-from minidist.train import OptimSettings, Trainer, make_optimizer
+from minidist.train import OptimSettings, Trainer, load_training_state, make_optimizer, training_state
 
 
 def check_tensor_parallel(config: GPTConfig, tp: int, sequence_parallel: bool = False) -> None:
@@ -335,3 +335,11 @@ class TensorParallelTrainer(Trainer):
     def shard_state_dict(self) -> dict:
         """This rank's shards under the serial names (no communication)."""
         return self.local_model.state_dict()
+
+    def checkpoint_state(self) -> dict[str, np.ndarray]:
+        """This rank's shards, their AdamW moments, and its dropout generators (attention's
+        differs per rank: other heads, other masks)."""
+        return training_state(self.local_model, self.optimizer)
+
+    def load_checkpoint_state(self, state: dict[str, np.ndarray]) -> None:
+        load_training_state(self.local_model, self.optimizer, state)

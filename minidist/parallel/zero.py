@@ -293,6 +293,12 @@ class Zero1Trainer(Trainer):
     def load_checkpoint(self, directory) -> None:
         zero_checkpoint.load_checkpoint(self, directory)
 
+    def checkpoint_state(self) -> dict[str, np.ndarray]:
+        return zero_checkpoint.checkpoint_state(self)  # this rank's chunks: no messages
+
+    def load_checkpoint_state(self, state: dict[str, np.ndarray]) -> None:
+        zero_checkpoint.load_checkpoint_state(self, state)  # collective: stages 1-2 gather the weights
+
 
 # ----------------------------------------------------------------------------- stage 2
 
