@@ -8,6 +8,7 @@ steps; the serial reference runs here, in the test process, on the same global b
 import json
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -345,3 +346,18 @@ def test_demo_balance_flag_reports_the_split_of_every_step(tmp_path):
     assert all(sum(rows) == 16 and min(rows) >= 1 for rows in report["rows_per_rank"])
     proc = _demo(2, "--tp", "2", "--balance", "--steps", "1")
     assert proc.returncode != 0 and "--balance needs --dp without --zero" in proc.stderr
+
+
+def test_a_proportional_straggler_works_in_proportion_to_its_own_compute():
+    from minidist.lab.stragglers import SlowedModel
+
+    def forward(x, y=None):  # 10 ms of "compute" per call
+        time.sleep(0.01)
+        return x
+
+    slowed = SlowedModel(forward, slowdown=1.0)
+    start = time.perf_counter()
+    slowed(np.zeros((4, 2)))
+    assert time.perf_counter() - start >= 0.01 + 1.0 * 3 * 0.01  # its forward, then 3x it in busy work
+    with pytest.raises(ValueError, match="slowdown >= 0"):
+        SlowedModel(forward, slowdown=-1)
