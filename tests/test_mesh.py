@@ -190,3 +190,24 @@ def test_mesh_groups_on_eight_ranks():
     assert len(results) == 8
     _check_ranks(results, shapes)
     assert results[2][1]["embedding"] is None and results[0][1]["embedding"][0] == (0, 6)
+
+
+def placement_program(dp, tp, pp):
+    from mpi4py import MPI
+
+    import minidist.comm as dist
+    from minidist.parallel.mesh import DeviceMesh
+
+    mesh = DeviceMesh(dist.get_world(), dp=dp, tp=tp, pp=pp)
+    on_my_node = mesh.tp_group.comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size()
+    return on_my_node, mesh.tp_group.size, [len(node) for node in dist.get_world().nodes()]
+
+
+def test_tensor_parallel_ranks_share_a_node_on_two_nodes():
+    """Ranks fill each machine in turn and tp ranks are adjacent: with 2 ranks per machine, every
+    tp=2 group lies inside one machine (chapter 7: its all-reduces stay off the slow links)."""
+    results = run(placement_program, 4, 2, 2, 1, nodes=2, timeout=120)
+    assert len(results) == 4
+    for on_my_node, tp_size, nodes in results:
+        assert nodes == [2, 2]
+        assert tp_size == 2 and on_my_node == 2  # the whole tp group shares my node
