@@ -120,6 +120,7 @@ def adamw_update(param, grad, exp_avg, exp_avg_sq, step, lr, betas, eps, weight_
         from minidist.fused_fast import adamw_update as fast
 
         return fast(param, grad, exp_avg, exp_avg_sq, step, lr, betas, eps, weight_decay)
+    ### BEGIN SOLUTION assignment=adamw_update
     beta1, beta2 = betas
     if weight_decay:
         param -= lr * weight_decay * param                          # p = p - lr wd p
@@ -128,6 +129,7 @@ def adamw_update(param, grad, exp_avg, exp_avg_sq, step, lr, betas, eps, weight_
     m_hat = exp_avg / (1.0 - beta1**step)                           # bias corrections
     v_hat = exp_avg_sq / (1.0 - beta2**step)
     param -= lr * m_hat / (np.sqrt(v_hat) + eps)                    # p = p - lr m^ / (sqrt(v^) + eps)
+    ### END SOLUTION
 
 
 def weight_decay_groups(model, weight_decay: float):

@@ -108,6 +108,7 @@ def one_f_one_b(rank: int, stages: int, microbatches: int, warmup: int | None = 
     the stage idle, more only holds more activations without finishing sooner. (`warmup`
     overrides the count, to try exactly that: see tests/test_schedules.py and notebook 05.)
     """
+    ### BEGIN SOLUTION assignment=one_f_one_b
     _check_args(rank, stages, microbatches)
     warmup = min(stages - rank - 1 if warmup is None else max(0, warmup), microbatches)
     for i in range(warmup):
@@ -118,6 +119,7 @@ def one_f_one_b(rank: int, stages: int, microbatches: int, warmup: int | None = 
     for j in range(microbatches - warmup, microbatches):  # cool-down
         yield from _backward(rank, stages, j)
     yield Instruction(STEP)
+    ### END SOLUTION
 
 
 def check_interleaved(stages: int, microbatches: int, virtual_stages: int) -> None:

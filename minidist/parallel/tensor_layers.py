@@ -79,8 +79,10 @@ class CopyToTensorParallelRegion(Function):
 
     @staticmethod
     def backward(ctx, g):
+        ### BEGIN SOLUTION assignment=tensor_parallel_f_g
         g = np.array(g, copy=True)  # the incoming gradient may be shared: never reduce in place
         return all_reduce(g, group=ctx.group), None
+        ### END SOLUTION
 
 
 class ReduceFromTensorParallelRegion(Function):
@@ -92,7 +94,9 @@ class ReduceFromTensorParallelRegion(Function):
 
     @staticmethod
     def forward(ctx, x, group):
+        ### BEGIN SOLUTION assignment=tensor_parallel_f_g
         return all_reduce(np.array(x, copy=True), group=group)
+        ### END SOLUTION
 
     @staticmethod
     def backward(ctx, g):

@@ -1,0 +1,9 @@
+"""Course assignments cut from minidist's own source (see docs/instructors.md).
+
+    python -m minidist.assignments list
+    python -m minidist.assignments build OUT [--only NAME ...]
+    python -m minidist.assignments grade STUDENT_DIR [--json PATH]
+"""
+from minidist.assignments.registry import ASSIGNMENTS, BY_NAME, Assignment
+
+__all__ = ["ASSIGNMENTS", "BY_NAME", "Assignment"]

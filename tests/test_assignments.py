@@ -1,0 +1,91 @@
+"""The course assignments (minidist/assignments): markers, student builds, and grading.
+
+Grading runs each assignment's graded tests in a subprocess against a copy of the repository:
+the reference earns every point, a full student build none, and a build with one solution
+restored earns exactly that assignment's points."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from minidist.assignments import ASSIGNMENTS, BY_NAME
+from minidist.assignments.grade import grade
+from minidist.assignments.markers import all_regions, build, regions_in, repository_root
+
+ROOT = repository_root()
+NAMES = [a.name for a in ASSIGNMENTS]
+
+
+def test_markers_parse_and_every_region_is_a_registered_assignment():
+    regions = all_regions()
+    assert len(ASSIGNMENTS) == 5
+    assert {r.name for r in regions} == set(NAMES)  # every region registered, every assignment marked
+    assert all(r.begin < r.end for r in regions)
+
+
+def test_an_unclosed_region_names_its_line(tmp_path):
+    (tmp_path / "bad.py").write_text("x = 1\n    ### BEGIN SOLUTION assignment=adamw_update\n    y = 2\n")
+    with pytest.raises(ValueError, match="bad.py:2: .* never closed"):
+        regions_in(tmp_path / "bad.py", tmp_path)
+
+
+def test_build_of_one_assignment_stubs_exactly_its_regions_and_stays_importable(tmp_path):
+    stubbed = build(tmp_path, ["one_f_one_b"])
+    assert [r.name for r in stubbed] == ["one_f_one_b"]
+    source = (tmp_path / "minidist/parallel/schedules.py").read_text()
+    assert source.count('raise NotImplementedError("YOUR CODE HERE")') == 1
+    assert "        # YOUR CODE HERE\n" not in source and "    # YOUR CODE HERE\n" in source  # indentation kept
+    assert "BEGIN SOLUTION" not in source
+    # everything else is complete: the other regions keep their code and markers
+    assert {r.name for r in all_regions(tmp_path)} == set(NAMES) - {"one_f_one_b"}
+    check = ("import minidist.parallel.schedules as s, minidist.comm.algorithms, minidist.optim, "
+             "minidist.parallel.data_parallel, minidist.parallel.tensor_layers\n"
+             "assert s.__file__.startswith(%r)\n"
+             "try:\n    s.one_f_one_b(0, 2, 2)\nexcept NotImplementedError as e:\n    print(e)\n" % str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", check], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "YOUR CODE HERE", proc.stderr
+
+
+def points(report):
+    assert len(report["assignments"]) == len(ASSIGNMENTS)
+    return {r["name"]: r["points"] for r in report["assignments"]}
+
+
+def test_the_reference_earns_every_point():
+    report = grade(ASSIGNMENTS, ROOT)
+    assert points(report) == {a.name: a.points for a in ASSIGNMENTS}, report
+    assert report["points"] == report["max_points"] == sum(a.points for a in ASSIGNMENTS)
+
+
+def test_a_full_student_build_earns_nothing_and_the_report_says_why(tmp_path):
+    build(tmp_path / "student", NAMES)
+    out = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, "-m", "minidist.assignments", "grade", str(tmp_path / "student"),
+                           "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    assert points(report) == {name: 0 for name in NAMES}
+    for result in report["assignments"]:
+        assert result["passed"] == 0 and len(result["failures"]) == result["tests"] >= 1
+        assert all(f["message"] for f in result["failures"]), result["failures"]
+    assert sum("YOUR CODE HERE" in f["message"] for r in report["assignments"] for f in r["failures"]) >= 4
+    assert "total" in proc.stdout and "0/12" in proc.stdout
+
+
+@pytest.mark.parametrize("restored", ["one_f_one_b", "tensor_parallel_f_g"])
+def test_restoring_one_solution_passes_exactly_that_assignment(tmp_path, restored):
+    build(tmp_path, [name for name in NAMES if name != restored])
+    got = points(grade(ASSIGNMENTS, tmp_path))
+    assert got == {name: (BY_NAME[name].points if name == restored else 0) for name in NAMES}
+
+
+def test_list_and_bad_names_on_the_command_line(tmp_path):
+    listed = subprocess.run([sys.executable, "-m", "minidist.assignments", "list"],
+                            capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0 and all(name in listed.stdout for name in NAMES)
+    bad = subprocess.run([sys.executable, "-m", "minidist.assignments", "build", str(tmp_path / "x"),
+                          "--only", "magic"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "magic" in bad.stderr
+    assert not (tmp_path / "x").exists()
