@@ -73,8 +73,8 @@ class _Ctx:
     def __init__(self, world: World, kind: str):
         self.world, self.comm = world, world.coll_comm
         self.rank, self.size = world.rank, world.size
-        self.tag, self.kind = world.next_tag(), kind
-        self.counts = traffic.counter(kind)
+        self.tag, self.kind = world.next_tag(), traffic.labelled(kind, world)
+        self.counts = traffic.counter(self.kind)
         self.counts.calls += 1
         self.posted = []
 

@@ -117,6 +117,7 @@ def isend(array: np.ndarray, dst: int, tag: int = 0, group: World | None = None,
     request completes. `comm` is used by the collectives (their private communicator)."""
     world = resolve(group)
     req = (comm or world.comm).Isend(_as_bytes(array), dst, tag)
+    kind = traffic.labelled(kind, world)
     traffic.record_send(kind, array.nbytes)  # every message is counted
     return Request(req, "send", dst, tag, array.nbytes, kind, world)
 
@@ -126,6 +127,7 @@ def irecv(array: np.ndarray, src: int, tag: int = 0, group: World | None = None,
     """Post a receive into the preallocated `array` from rank `src`; returns at once."""
     world = resolve(group)
     req = (comm or world.comm).Irecv(_as_bytes(array), src, tag)
+    kind = traffic.labelled(kind, world)
     traffic.record_recv(kind, array.nbytes)
     return Request(req, "recv", src, tag, array.nbytes, kind, world)
 

@@ -13,6 +13,10 @@ the kind "check" with its bytes estimated, so it never pollutes a collective's n
     all_reduce(x)
     traffic.snapshot()        # {"all_reduce.ring": {...}, "total": {...}} on this rank
     traffic.gather()          # on every rank: one dict per rank, for the demo's --json
+
+A group made with a label (`world.split(color, label="tp")`, as the device mesh makes its
+groups) counts its messages under "<kind>@<label>", e.g. "all_reduce.ring@dp", so a composed
+layout's traffic splits by dimension (`by_label`).
 """
 from __future__ import annotations
 
@@ -39,6 +43,24 @@ def counter(kind: str) -> Counter:
     if c is None:
         c = _counts[kind] = Counter()
     return c
+
+
+def labelled(kind: str, world) -> str:
+    """The kind under which a message on `world` is counted: "pipeline@pp" on a group labelled
+    "pp" (chapter 9: the mesh's groups), plain `kind` on an unlabelled one."""
+    label = getattr(world, "label", None)
+    return f"{kind}@{label}" if label else kind
+
+
+def by_label(counts: dict) -> dict:
+    """Bytes sent per group label, from one rank's `by_kind` counters: {"tp": ..., "dp": ...};
+    messages on unlabelled groups are left out."""
+    totals = {}
+    for kind, c in counts.items():
+        if "@" in kind:
+            label = kind.rsplit("@", 1)[1]
+            totals[label] = totals.get(label, 0) + c["bytes_sent"]
+    return totals
 
 
 def record_send(kind: str, nbytes: int):

@@ -30,8 +30,11 @@ class World:
 
     checked = True  # collectives on this group check their arguments first (see `verify`)
 
-    def __init__(self, comm: MPI.Comm, parent: "World | None" = None):
+    def __init__(self, comm: MPI.Comm, parent: "World | None" = None, label: str | None = None):
         self.comm = comm
+        # what this group is for ("tp", "dp", "pp", ...): its messages are counted under it too
+        # (chapter 9: traffic per dimension of the mesh); a group split from it inherits it
+        self.label = label if label is not None else getattr(parent, "label", None)
         self._coll_comm = None  # private channel for the collectives, made on first use
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
@@ -71,15 +74,16 @@ class World:
         return self._seq % self._tag_ub
 
     # -- groups -----------------------------------------------------------------------------
-    def split(self, color: int, key: int | None = None) -> "World":
+    def split(self, color: int, key: int | None = None, label: str | None = None) -> "World":
         """Cut this world into groups: ranks passing the same `color` land in one group,
         ordered by `key` (default: their rank here). Every rank of this world must call it.
+        `label` names what the group is for, in the traffic counters (default: this world's).
 
         >>> # 4 ranks as 2 data-parallel replicas x 2 pipeline stages:
         >>> # stage = world.rank % 2; dp_group = world.split(color=stage)
         """
         key = self.rank if key is None else key
-        return World(self.comm.Split(color, key), parent=self)
+        return World(self.comm.Split(color, key), parent=self, label=label)
 
     def group(self, ranks) -> "World | None":
         """A group of the listed ranks (of this world), or None on ranks not listed.

@@ -134,12 +134,14 @@ class DeviceMesh:
         self.coordinate = (place.pp, place.dp, place.tp)
         # Color = the group's first member, so each group's ranks agree on it; members are in
         # world order, so a rank's place in its group is its coordinate along that axis.
-        self.tp_group = world.split(color=place.tp_group[0])
-        self.dp_group = world.split(color=place.dp_group[0])
-        self.pp_group = world.split(color=place.pp_group[0])
+        # Each group is labelled with its axis: its messages are counted as "...@tp" etc.
+        self.tp_group = world.split(color=place.tp_group[0], label="tp")
+        self.dp_group = world.split(color=place.dp_group[0], label="dp")
+        self.pp_group = world.split(color=place.pp_group[0], label="pp")
         # Middle stages take part in the split too (it is collective), in a group of their own
         # that they then drop.
-        embedding = world.split(color=place.embedding[0] if place.embedding else world.size + world.rank)
+        embedding = world.split(color=place.embedding[0] if place.embedding else world.size + world.rank,
+                                label="embedding")
         self.embedding_group = embedding if place.embedding else None
 
     def get_group(self, axis: str) -> World | None:

@@ -146,13 +146,15 @@ class PipelineStage(Module):
         """Is this chunk the model's last (the head and the loss)?"""
         return self.last and chunk == self.virtual_stages - 1
 
+    embed, head = GPT.embed, GPT.head  # the serial model's own code, run on this stage's modules
+
     def forward(self, x, targets=None, chunk: int = 0):
         """Token ids (first chunk) or activations in; activations, or (logits, loss) on the last."""
         if self.has_input(chunk):
-            x = GPT.embed(self, x)  # the serial model's own code, on this stage's modules
+            x = self.embed(x)
         for block in self.chunks[chunk]:
             x = block(x)
-        return GPT.head(self, x, targets) if self.has_loss(chunk) else x
+        return self.head(x, targets) if self.has_loss(chunk) else x
 
 
 class PipelineTrainer(Trainer):
@@ -178,7 +180,7 @@ class PipelineTrainer(Trainer):
         self.group = world.split(0)  # a communicator of our own: our tags meet nobody else's
         self.rank, self.stages = self.group.rank, self.group.size
         self.schedule = S.make_schedule(schedule, self.rank, self.stages, microbatches, v)
-        self.stage = PipelineStage(config, self.rank, self.stages, seed, v)
+        self.stage = self.build_stage(config, seed, v)
         self.dtype = self.stage.parameters()[0].dtype  # activations travel in the model's dtype
         self.optimizer = make_optimizer(self.stage, settings)
         self.timeline = Timeline()
@@ -186,13 +188,17 @@ class PipelineTrainer(Trainer):
         self.peak_count = [0] * self.stages  # most micro-batches of activations held, per rank
         self.peak_bytes = [0] * self.stages
 
+    def build_stage(self, config: GPTConfig, seed: int, virtual_stages: int) -> Module:
+        """This rank's part of the model (a mesh builds it from tensor-parallel layers)."""
+        return PipelineStage(config, self.rank, self.stages, seed, virtual_stages)
+
     # -- one step ------------------------------------------------------------------------------
     def step(self, step: int):
         """One optimizer step on the global batch; returns (global mean loss, accuracy)."""
-        x, y = self.task.get_batch(step, self.batch_size)  # every rank: cheap, and gives the shapes
+        x, y = self.batch(step)  # every rank: cheap, and gives the shapes
         m = self.microbatches
         self.micro_x, self.micro_y = np.split(x, m), np.split(y, m)
-        self.act_shape = (self.batch_size // m, x.shape[1], self.config.n_embd)
+        self.act_shape = self.activation_shape(len(x) // m, x.shape[1])
         self.inputs, self.outputs, self.grads_in, self.held = {}, {}, {}, {}
         self.sends, self.losses, self.accuracies = [], [], []
         self.count = self.bytes = self.step_peak_count = self.step_peak_bytes = 0
@@ -202,6 +208,17 @@ class PipelineTrainer(Trainer):
             getattr(self, "_" + instruction.kind)(instruction.micro, instruction.chunk)
         return self._share_results()
 
+    def batch(self, step: int):
+        """The rows this pipeline trains on: the whole global batch (a mesh gives it a slice)."""
+        return self.task.get_batch(step, self.batch_size)
+
+    def activation_shape(self, rows: int, length: int) -> tuple:
+        """The shape of the activations (and their gradients) that cross a stage boundary."""
+        return (rows, length, self.config.n_embd)
+
+    def accuracy(self, logits: np.ndarray, targets) -> float:
+        return accuracy(logits, targets)
+
     # Everything in flight is keyed by (micro-batch, chunk); without interleaving the chunk is 0.
     def _forward(self, i: int, c: int = 0):
         label = f"forward {i}" + (f".{c}" if self.virtual_stages > 1 else "")
@@ -210,7 +227,7 @@ class PipelineTrainer(Trainer):
             if self.stage.has_loss(c):
                 logits, loss = self.stage(x, self.micro_y[i], chunk=c)
                 self.losses.append(loss.item())
-                self.accuracies.append(accuracy(logits.data, self.micro_y[i]))
+                self.accuracies.append(self.accuracy(logits.data, self.micro_y[i]))
                 out = loss * (1.0 / self.microbatches)  # mean over micro-batches = mean over the batch
             else:
                 out = self.stage(x, chunk=c)
@@ -285,10 +302,18 @@ class PipelineTrainer(Trainer):
         self.timeline.add("wait sends", "wait", start, time.perf_counter())
         # the step's synchronisation point: it also waits for the last rank to finish backward
         with self.timeline.span("grad sync", "comm"):
-            self._sync_tied_weight()
+            self.finish_gradients()
             total = self._global_grad_norm() if self.settings.clip else float("nan")
         with self.timeline.span("optimizer", "optimizer"):
-            clip_and_step(self.optimizer, self.stage.parameters(), self.settings, self.step_index, total)
+            self.update(total)
+
+    def finish_gradients(self):
+        """After the last backward: the gradients this stage's update needs are made whole."""
+        self._sync_tied_weight()
+
+    def update(self, total_norm: float):
+        """Clip by the whole model's norm, set the learning rate, AdamW on this stage."""
+        clip_and_step(self.optimizer, self.stage.parameters(), self.settings, self.step_index, total_norm)
 
     def _sync_tied_weight(self):
         """First and last stage add their halves of wte's gradient (embedding + head)."""
@@ -367,14 +392,19 @@ class PipelineTrainer(Trainer):
         other ranks get their own stage's part."""
         mine = self.stage.state_dict()
         parts = self.group.comm.gather(mine, root=0)  # small and once: the pickle API is fine
-        if self.rank != 0:
-            return mine
-        full = {}
-        for part in parts:
-            for key, value in part.items():
-                full.setdefault(key, value)  # the tied copy on the last stage equals the first's
-        # serial order: embeddings, blocks by index (interleaved ranks hold h.0 and h.2 ...), head
-        def position(key):
-            top = key.split(".")[0]
-            return (1, int(key.split(".")[1])) if top == "h" else ((0, 0) if top in ("wte", "wpe") else (2, 0))
-        return dict(sorted(full.items(), key=lambda item: position(item[0])))  # stable within a block
+        return merge_stage_states(parts) if self.rank == 0 else mine
+
+
+def merge_stage_states(parts: list[dict]) -> dict:
+    """The stages' state dicts as one, in the serial model's order: embeddings, blocks by index
+    (interleaved ranks hold h.0 and h.2 ...), the head. The last stage's tied copy of wte equals
+    the first stage's: it is taken once."""
+    full = {}
+    for part in parts:
+        for key, value in part.items():
+            full.setdefault(key, value)
+
+    def position(key):
+        top = key.split(".")[0]
+        return (1, int(key.split(".")[1])) if top == "h" else ((0, 0) if top in ("wte", "wpe") else (2, 0))
+    return dict(sorted(full.items(), key=lambda item: position(item[0])))  # stable within a block

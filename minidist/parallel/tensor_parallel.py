@@ -157,13 +157,21 @@ class TensorParallelGPT(Module):
 
     def forward(self, idx, targets=None):
         """This rank's logits (batch, time, V/t) and, given targets, the global mean loss."""
+        x = self.embed(idx)
+        for block in self.h:
+            x = block(x)
+        return self.head(x, targets)
+
+    # The two ends of the model, apart, so a pipeline stage of it runs them too (chapter 9).
+    def embed(self, idx):
+        """Token ids -> the first block's input: the vocabulary-parallel embedding (g inside)."""
         idx = np.asarray(idx.data if isinstance(idx, Tensor) else idx)
         if idx.ndim != 2 or idx.shape[1] > self.config.block_size:
             raise ValueError(f"GPT expects ids of shape (batch, time <= {self.config.block_size}), got {idx.shape}")
-        positions = self.positions(idx.shape[1])
-        x = self.drop(self.wte(idx) + self.wpe(positions))
-        for block in self.h:
-            x = block(x)
+        return self.drop(self.wte(idx) + self.wpe(self.positions(idx.shape[1])))
+
+    def head(self, x, targets=None):
+        """The last block's output -> this rank's V/t logits and, given targets, the loss."""
         x = self.ln_f(x)
         if self.config.tie_weights:  # logits = x wte^T: a column-parallel linear with wte's rows
             logits = F.linear(self.layers.column.enter(x, self.group), self.wte.weight)
@@ -171,9 +179,13 @@ class TensorParallelGPT(Module):
             logits = self.lm_head(x)
         loss = None
         if targets is not None:
-            loss = vocab_parallel_cross_entropy(logits, targets, self.group, self.wte.vocab_start_index,
+            loss = vocab_parallel_cross_entropy(logits, targets, self.group, self.vocab_start_index(),
                                                 self.config.vocab_size)
         return logits, loss
+
+    def vocab_start_index(self) -> int:
+        """The first vocabulary id of this rank's V/t logits (and of its rows of wte)."""
+        return self.group.rank * (self.config.vocab_size // self.group.size)
 
 
 class SequenceParallelGPT(TensorParallelGPT):
@@ -314,7 +326,7 @@ class TensorParallelTrainer(Trainer):
         return loss.item(), self.accuracy(logits.data, y)
 
     def accuracy(self, logits: np.ndarray, targets, ignore_index: int = -100) -> float:
-        predictions = vocab_parallel_argmax(logits, self.group, self.local_model.wte.vocab_start_index)
+        predictions = vocab_parallel_argmax(logits, self.group, self.local_model.vocab_start_index())
         counted = np.asarray(targets) != ignore_index
         return float((predictions == targets)[counted].mean()) if counted.any() else float("nan")
 
