@@ -55,7 +55,7 @@ from minidist.parallel.pipeline import PipelineStage, PipelineTrainer, check_lay
 from minidist.parallel.tensor_layers import vocab_parallel_argmax
 from minidist.parallel.tensor_parallel import check_tensor_parallel, consolidate_state_dict
 from minidist.parallel.tensor_stage import SequenceParallelStage, TensorParallelStage
-from minidist.parallel.zero import FlatUnit, ShardedAdamW
+from minidist.parallel.zero_partition import FlatUnit, ShardedAdamW
 from minidist.tensor import get_default_dtype
 from minidist.train import OptimSettings, check_arrays, generator_states, load_generator_states
 
@@ -229,19 +229,13 @@ class MeshZero1Trainer(MeshTrainer):
             reduce_scatter(unit.flatten([p.grad for p in unit.params]), op="avg", group=self.dp_group, out=chunk)
 
     def _global_grad_norm(self) -> float:
-        squared = np.array([sum(float(np.dot(g * w, g)) for g, w in zip(self.grad_chunks, self.norm_weights))])
-        for group in (self.dp_group, self.tp_group, self.group):  # chunks over dp, shards over tp, stages over pp
-            all_reduce(squared, op="sum", group=group)
-        return math.sqrt(squared[0])
+        # chunks over dp, shards over tp, stages over pp: each element of the model counted once
+        return self.optimizer.grad_norm([self.dp_group, self.tp_group, self.group], self.norm_weights)
 
     def update(self, total_norm: float) -> None:
-        s = self.settings
-        if s.clip:
-            scale = s.clip / (total_norm + 1e-6)  # optim.clip_grad_norm_'s rule
-            if scale < 1.0:
-                for chunk in self.grad_chunks:
-                    chunk *= scale
-        self.optimizer.step(s.lr_at(self.step_index))
+        if self.settings.clip:
+            self.optimizer.clip_to(self.settings.clip, total_norm)
+        self.optimizer.step(self.settings.lr_at(self.step_index))
         for flat, chunk in zip(self.param_buffers, self.optimizer.params):
             all_gather(chunk, group=self.dp_group, out=flat)
 

@@ -1,7 +1,7 @@
 """ZeRO stage 3, FSDP-style: parameters live as chunks and are gathered one unit at a time.
 
-Chapter 8. Between steps each rank keeps only its chunk of every unit (see zero.py's
-`FlatUnit`): Ψ/N parameters. A unit's full weights exist only while they are used, and
+Chapter 8. Between steps each rank keeps only its chunk of every unit (see
+`FlatUnit`, zero_partition.py): Ψ/N parameters. A unit's full weights exist only while they are used, and
 `FullyShardedGPT._run_block` is the one place that decides when:
 
     forward   gather(unit) -> run the block -> release                 (one block at a time)

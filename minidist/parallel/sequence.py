@@ -247,7 +247,13 @@ def allreduce_sequence_parallel_grads(model: Module, group: World) -> int:
     Why a sum: the loss is a sum over tokens, and a replicated parameter's gradient is the sum of
     its per-token contributions. Rank r computed the contributions of its T/t tokens; adding the
     t partial gradients gives every rank the serial gradient, identical on all ranks again."""
-    params = [p for p in model.parameters() if getattr(p, "sequence_parallel", False) and p.grad is not None]
+    return allreduce_partial_grads(model.parameters(), group)
+
+
+def allreduce_partial_grads(params, group: World) -> int:
+    """`allreduce_sequence_parallel_grads` for a list of parameters (those not tagged are left
+    alone): ZeRO reduces its units one at a time and completes each unit's first."""
+    params = [p for p in params if getattr(p, "sequence_parallel", False) and p.grad is not None]
     if group.size == 1 or not params:
         return 0
     flat = np.concatenate([p.grad.ravel() for p in params])

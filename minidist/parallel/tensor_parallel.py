@@ -245,18 +245,20 @@ def init_shards(model: TensorParallelGPT, seed: int) -> None:
         p.data[...] = full.p.data[_local_slice(p, model.group)]
 
 
-def consolidate_state_dict(model: TensorParallelGPT, dst: int = 0) -> dict | None:
+def consolidate_state_dict(model: TensorParallelGPT, dst: int = 0, state: dict | None = None) -> dict | None:
     """The serial model's state dict (same keys, full shapes) on rank `dst`, None elsewhere.
     Collective: every rank of the group must call it. Split parameters are all-gathered and
-    glued along their partition axis; replicated ones are taken as they are."""
-    group, state = model.group, {}
+    glued along their partition axis; replicated ones are taken as they are. `state`: this
+    rank's shards by name, when the parameters do not hold them (ZeRO-3 keeps only chunks)."""
+    group, whole = model.group, {}
     for name, p in model.named_parameters():
-        value = p.data.copy()
+        shard = np.ascontiguousarray(state[name] if state is not None else p.data)
+        value = shard.copy()
         if getattr(p, "tensor_model_parallel", False) and group.size > 1:
-            flat = all_gather(np.ascontiguousarray(p.data), group=group)  # every shard, in rank order
-            value = np.concatenate([s.reshape(p.shape) for s in np.split(flat, group.size)], axis=p.partition_dim)
-        state[name] = value
-    return state if group.rank == dst else None
+            flat = all_gather(shard, group=group)  # every shard, in rank order
+            value = np.concatenate([s.reshape(shard.shape) for s in np.split(flat, group.size)], axis=p.partition_dim)
+        whole[name] = value
+    return whole if group.rank == dst else None
 
 
 # ----------------------------------------------------------------------------- clipping

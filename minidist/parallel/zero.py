@@ -5,15 +5,11 @@ parameters, gradients and AdamW's two moments, 16 bytes per parameter in mixed p
 (Rajbhandari et al., 2020) notices that a rank only *needs* all of it for a moment, and cuts
 each pile into N shards, one per rank — DeepSpeed's three stages.
 
-The partitioner, written here by hand:
-
-- `FlatUnit`: a group of parameters laid side by side in one flat buffer, padded to a multiple
-  of N, so rank r owns the contiguous chunk r (`lo:hi`) — exactly the chunk that the ring
-  `reduce_scatter` hands rank r and that `all_gather` collects from it. A model is a few units:
-  the "root" (embeddings, final LayerNorm, the tied head) and one per transformer block. For
-  stage 2 a unit is a gradient bucket; for stage 3 it is what is gathered at once (FSDP's unit).
-- `ShardedAdamW`: the serial AdamW update (`optim.adamw_update`, shared code) applied to the
-  owned chunk only, with weight decay decided per element by which parameter it belongs to.
+The partitioner, written by hand in `zero_partition.py`: `FlatUnit` lays a group of parameters
+side by side in one flat buffer padded to a multiple of N, so rank r owns the contiguous chunk r
+(the chunk the ring `reduce_scatter` hands it); `ShardedAdamW` runs the serial AdamW update on
+the owned chunks only. For stage 2 a unit is a gradient bucket; for stage 3 it is what is
+gathered at once (FSDP's unit).
 
 The stages, one class each, read in order: each overrides only what its new pile changes, and
 `ZeroTrainer(..., stage=S)` builds stage S. One step (B/N rows of the global batch per rank):
@@ -37,141 +33,17 @@ shared-memory window (`algorithm="auto"`, comm/shared_memory.py), while `reduce_
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from minidist.comm import all_gather, all_reduce, reduce_scatter
 from minidist.comm.world import World, resolve
 from minidist.data import accuracy
 from minidist.model import GPT, GPTConfig
-from minidist.optim import adamw_update
 from minidist.parallel import zero_checkpoint
 from minidist.parallel.fsdp import FullyShardedGPT
+from minidist.parallel.zero_partition import FlatUnit, LiveBytes, ShardedAdamW, make_units  # noqa: F401 (re-exported)
 from minidist.tensor import graph_bytes
 from minidist.train import OptimSettings, Trainer
-
-BETAS, EPS = (0.9, 0.95), 1e-8  # as train.make_optimizer builds the serial AdamW
-
-
-# ----------------------------------------------------------------------------- the partitioner
-
-
-class FlatUnit:
-    """Parameters flattened side by side, padded to a multiple of N; rank r owns chunk r.
-
-        names    ['h.0.ln_1.weight', 'h.0.ln_1.bias', ...]   offsets[i]:offsets[i+1] in the unit
-        numel    elements of the real parameters; padded = numel rounded up to a multiple of N
-        lo, hi   this rank's chunk: padded // N elements (the padding's zeros live in the last)
-    """
-
-    def __init__(self, name: str, named_params: list, world_size: int, rank: int):
-        self.name = name
-        self.names = [n for n, _ in named_params]
-        self.params = [p for _, p in named_params]
-        self.shapes = [p.shape for p in self.params]
-        self.dtype = self.params[0].dtype
-        self.offsets = np.concatenate([[0], np.cumsum([p.size for p in self.params])]).astype(int)
-        self.numel = int(self.offsets[-1])
-        self.padded = -(-self.numel // world_size) * world_size
-        self.chunk = self.padded // world_size
-        self.lo, self.hi = rank * self.chunk, (rank + 1) * self.chunk
-
-    def flatten(self, arrays) -> np.ndarray:
-        """One padded flat buffer holding `arrays` (one per parameter; None counts as zeros)."""
-        flat = np.zeros(self.padded, dtype=self.dtype)
-        for i, a in enumerate(arrays):
-            if a is not None:
-                flat[self.offsets[i]:self.offsets[i + 1]] = a.ravel()
-        return flat
-
-    def views(self, flat: np.ndarray) -> list[np.ndarray]:
-        """Each parameter's slot in a padded flat buffer, shaped like the parameter (no copy)."""
-        return [flat[self.offsets[i]:self.offsets[i + 1]].reshape(s) for i, s in enumerate(self.shapes)]
-
-    def decay_segments(self) -> list[tuple[int, int, bool]]:
-        """(start, stop, decay) runs of my chunk, relative to it. AdamW decays matrices only
-        (`optim.weight_decay_groups`: ndim >= 2), so a chunk that cuts through a bias and a weight
-        needs both rules; the padding (no parameter) gets no decay and stays zero."""
-        segments = []
-        for i, shape in enumerate(self.shapes + [()]):  # a last pseudo-parameter: the padding
-            start = self.offsets[i] if i < len(self.shapes) else self.numel
-            stop = self.offsets[i + 1] if i < len(self.shapes) else self.padded
-            a, b = max(int(start), self.lo), min(int(stop), self.hi)
-            if a < b:
-                decay = len(shape) >= 2
-                if segments and segments[-1][2] == decay and segments[-1][1] == a - self.lo:
-                    segments[-1] = (segments[-1][0], b - self.lo, decay)  # merge equal neighbours
-                else:
-                    segments.append((a - self.lo, b - self.lo, decay))
-        return segments
-
-
-def make_units(model, world_size: int, rank: int) -> list[FlatUnit]:
-    """The root unit (every parameter outside the blocks: embeddings, ln_f, an untied head),
-    then one unit per transformer block `h.i` — FSDP's usual wrapping of a transformer."""
-    named = list(model.named_parameters())
-    root = [(n, p) for n, p in named if not n.startswith("h.")]
-    units = [FlatUnit("root", root, world_size, rank)]
-    for i in range(len(model.h)):
-        units.append(FlatUnit(f"h.{i}", [(n, p) for n, p in named if n.startswith(f"h.{i}.")], world_size, rank))
-    return units
-
-
-class LiveBytes:
-    """Bytes of short-lived buffers alive right now, and the most ever alive at once (the peak)."""
-
-    def __init__(self):
-        self.now = self.peak = 0
-
-    def add(self, nbytes: int) -> None:
-        self.now += int(nbytes)
-        self.peak = max(self.peak, self.now)
-
-    def sub(self, nbytes: int) -> None:
-        self.now -= int(nbytes)
-
-
-# ----------------------------------------------------------------------------- the optimizer
-
-
-class ShardedAdamW:
-    """AdamW on this rank's chunks only: 2 x Ψ/N moments instead of 2 x Ψ (stage 1's saving).
-
-    `params[u]` and `grads[u]` are unit u's owned chunks (views or arrays, updated in place).
-    Bias correction uses the global step; weight decay follows each element's parameter.
-    """
-
-    def __init__(self, units: list[FlatUnit], params: list, grads: list, weight_decay: float):
-        self.units, self.params, self.grads = units, params, grads
-        self.weight_decay = weight_decay
-        self.segments = [u.decay_segments() for u in units]
-        self.exp_avg = [np.zeros_like(p) for p in params]
-        self.exp_avg_sq = [np.zeros_like(p) for p in params]
-        self.step_count = 0
-
-    def clip_grad_norm_(self, max_norm: float, group: World) -> float:
-        """Global norm from the chunks: each rank sums its squares (the padding adds zeros), one
-        all-reduce adds the N partial sums; then the same scaling as optim.clip_grad_norm_."""
-        squares = np.array([sum(float(np.dot(g, g)) for g in self.grads)])
-        all_reduce(squares, op="sum", group=group)
-        total = math.sqrt(float(squares[0]))
-        scale = max_norm / (total + 1e-6)
-        if scale < 1.0:
-            for g in self.grads:
-                g *= scale
-        return total
-
-    def step(self, lr: float) -> None:
-        self.step_count += 1
-        for u in range(len(self.units)):
-            p, g, m, v = self.params[u], self.grads[u], self.exp_avg[u], self.exp_avg_sq[u]
-            for a, b, decay in self.segments[u]:
-                adamw_update(p[a:b], g[a:b], m[a:b], v[a:b], self.step_count, lr, BETAS, EPS,
-                             self.weight_decay if decay else 0.0)
-
-    def nbytes(self) -> int:
-        return sum(m.nbytes + v.nbytes for m, v in zip(self.exp_avg, self.exp_avg_sq))
 
 
 # ----------------------------------------------------------------------------- stage 1
@@ -203,7 +75,7 @@ class Zero1Trainer(Trainer):
         self.activation_bytes = 0
         # Every rank builds the full model from the seed (same numbers as the serial run), then
         # keeps only what its stage needs. Real ZeRO-3 avoids ever materialising it (meta device).
-        model = GPT(config, seed=seed)
+        self.module = model = self.build_model(config, seed)
         self.units = make_units(model, world.size, world.rank)
         # chapter 8: ranks that cut the same units from the same weights make matching calls
         # every step, so the group is checked once here and each collective below is one line
@@ -213,6 +85,10 @@ class Zero1Trainer(Trainer):
         params = self._shard_parameters(model)
         grads = self._shard_gradients(model)
         self.optimizer = ShardedAdamW(self.units, params, grads, settings.weight_decay)
+
+    def build_model(self, config: GPTConfig, seed: int):
+        """The module each rank runs: the whole GPT (a DP x TP mesh gives each its tp shard)."""
+        return GPT(config, seed=seed)
 
     # -- what this stage keeps (each returns the owned chunks the optimizer updates)
     def _shard_parameters(self, model) -> list[np.ndarray]:
@@ -237,10 +113,15 @@ class Zero1Trainer(Trainer):
                 p.grad = view  # backward's `+=` lands in the flat buffer: no copy needed
 
     def _forward(self, x, y):
-        return self.model(x, y)
+        return self.module(x, y)
+
+    def complete_partial_gradients(self, params: list) -> None:
+        """Gradients that other ranks of the replica hold parts of are summed here (nothing to do
+        for a whole model; a tensor-parallel shard's sequence-parallel parameters, zero_tensor.py)."""
 
     def _finish_gradients(self) -> None:
         """Each rank needs only its chunk of the mean gradient: one reduce-scatter per unit."""
+        self.complete_partial_gradients([p for unit in self.units for p in unit.params])
         for unit, flat in zip(self.units, self.grad_buffers):
             chunk = reduce_scatter(flat, op="avg", group=self.group)  # a chunk-sized temporary
             self.live.add(chunk.nbytes)
@@ -262,12 +143,20 @@ class Zero1Trainer(Trainer):
         loss.backward()
         self._finish_gradients()
         if self.settings.clip:
-            self.optimizer.clip_grad_norm_(self.settings.clip, self.group)
+            self.optimizer.clip_grad_norm_(self.settings.clip, *self.norm_groups())
         self.optimizer.step(self.settings.lr_at(step))
         self.all_gather_parameters()
-        stats = np.array([loss.item(), accuracy(logits.data, y)])
+        stats = np.array([loss.item(), self.accuracy(logits.data, y)])
         all_reduce(stats, op="avg", group=self.group)
         return float(stats[0]), float(stats[1])
+
+    def norm_groups(self) -> tuple[list, list | None]:
+        """(groups, weights) for `ShardedAdamW.grad_norm`: the chunks of the whole model are
+        spread over this group, every element counted once."""
+        return [self.group], None
+
+    def accuracy(self, logits: np.ndarray, targets) -> float:
+        return accuracy(logits, targets)
 
     # -- measurements and state
     def memory(self) -> dict:
@@ -285,7 +174,7 @@ class Zero1Trainer(Trainer):
 
     def state_dict(self) -> dict:
         """Full weights keyed like the serial model's."""
-        return self.model.state_dict()
+        return self.module.state_dict()
 
     def save_checkpoint(self, directory) -> None:
         zero_checkpoint.save_checkpoint(self, directory)  # sharded: collective, every rank calls it
@@ -339,6 +228,7 @@ class Zero2Trainer(Zero1Trainer):
         """Copy the unit's gradients into a flat bucket, reduce_scatter(avg) it so that this rank
         receives the mean gradient of its chunk, and drop the full gradients at once."""
         unit = self.units[index]
+        self.complete_partial_gradients(unit.params)
         bucket = unit.flatten([p.grad for p in unit.params])
         self.live.add(bucket.nbytes)
         reduce_scatter(bucket, op="avg", group=self.group, out=self.grad_buffers[index])

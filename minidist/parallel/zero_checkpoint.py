@@ -190,5 +190,5 @@ def load_checkpoint_state(trainer, state: dict[str, np.ndarray]) -> None:
 
 
 def _model(trainer):
-    """The GPT whose modules run (stage 3 keeps it inside FullyShardedGPT, without weights)."""
-    return trainer.model if trainer.model is not None else trainer.fsdp.model
+    """The module whose layers run (stage 3's holds no weights between steps, but its generators)."""
+    return trainer.module

@@ -1,0 +1,155 @@
+"""The ZeRO partitioner: flat units cut into N chunks, and AdamW on a chunk (chapter 8).
+
+What all three stages of `zero.py` stand on (and the mesh's ZeRO-1, `composed.py`):
+
+- `FlatUnit`: a group of parameters laid side by side in one flat buffer, padded to a multiple
+  of N, so rank r owns the contiguous chunk r (`lo:hi`) — exactly the chunk that the ring
+  `reduce_scatter` hands rank r and that `all_gather` collects from it. A model is a few units:
+  the "root" (embeddings, final LayerNorm, the tied head) and one per transformer block.
+- `ShardedAdamW`: the serial AdamW update (`optim.adamw_update`, shared code) applied to the
+  owned chunk only, with weight decay decided per element by which parameter it belongs to.
+- `LiveBytes`: the bytes of short-lived buffers, for the memory ledger's peak.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from minidist.comm import all_reduce
+from minidist.optim import adamw_update
+
+BETAS, EPS = (0.9, 0.95), 1e-8  # as train.make_optimizer builds the serial AdamW
+
+
+# ----------------------------------------------------------------------------- the partitioner
+
+
+class FlatUnit:
+    """Parameters flattened side by side, padded to a multiple of N; rank r owns chunk r.
+
+        names    ['h.0.ln_1.weight', 'h.0.ln_1.bias', ...]   offsets[i]:offsets[i+1] in the unit
+        numel    elements of the real parameters; padded = numel rounded up to a multiple of N
+        lo, hi   this rank's chunk: padded // N elements (the padding's zeros live in the last)
+    """
+
+    def __init__(self, name: str, named_params: list, world_size: int, rank: int):
+        self.name = name
+        self.names = [n for n, _ in named_params]
+        self.params = [p for _, p in named_params]
+        self.shapes = [p.shape for p in self.params]
+        self.dtype = self.params[0].dtype
+        self.offsets = np.concatenate([[0], np.cumsum([p.size for p in self.params])]).astype(int)
+        self.numel = int(self.offsets[-1])
+        self.padded = -(-self.numel // world_size) * world_size
+        self.chunk = self.padded // world_size
+        self.lo, self.hi = rank * self.chunk, (rank + 1) * self.chunk
+
+    def flatten(self, arrays) -> np.ndarray:
+        """One padded flat buffer holding `arrays` (one per parameter; None counts as zeros)."""
+        flat = np.zeros(self.padded, dtype=self.dtype)
+        for i, a in enumerate(arrays):
+            if a is not None:
+                flat[self.offsets[i]:self.offsets[i + 1]] = a.ravel()
+        return flat
+
+    def views(self, flat: np.ndarray) -> list[np.ndarray]:
+        """Each parameter's slot in a padded flat buffer, shaped like the parameter (no copy)."""
+        return [flat[self.offsets[i]:self.offsets[i + 1]].reshape(s) for i, s in enumerate(self.shapes)]
+
+    def decay_segments(self) -> list[tuple[int, int, bool]]:
+        """(start, stop, decay) runs of my chunk, relative to it. AdamW decays matrices only
+        (`optim.weight_decay_groups`: ndim >= 2), so a chunk that cuts through a bias and a weight
+        needs both rules; the padding (no parameter) gets no decay and stays zero."""
+        segments = []
+        for i, shape in enumerate(self.shapes + [()]):  # a last pseudo-parameter: the padding
+            start = self.offsets[i] if i < len(self.shapes) else self.numel
+            stop = self.offsets[i + 1] if i < len(self.shapes) else self.padded
+            a, b = max(int(start), self.lo), min(int(stop), self.hi)
+            if a < b:
+                decay = len(shape) >= 2
+                if segments and segments[-1][2] == decay and segments[-1][1] == a - self.lo:
+                    segments[-1] = (segments[-1][0], b - self.lo, decay)  # merge equal neighbours
+                else:
+                    segments.append((a - self.lo, b - self.lo, decay))
+        return segments
+
+
+def make_units(model, world_size: int, rank: int) -> list[FlatUnit]:
+    """The root unit (every parameter outside the blocks: embeddings, ln_f, an untied head),
+    then one unit per transformer block `h.i` — FSDP's usual wrapping of a transformer."""
+    named = list(model.named_parameters())
+    root = [(n, p) for n, p in named if not n.startswith("h.")]
+    units = [FlatUnit("root", root, world_size, rank)]
+    for i in range(len(model.h)):
+        units.append(FlatUnit(f"h.{i}", [(n, p) for n, p in named if n.startswith(f"h.{i}.")], world_size, rank))
+    return units
+
+
+class LiveBytes:
+    """Bytes of short-lived buffers alive right now, and the most ever alive at once (the peak)."""
+
+    def __init__(self):
+        self.now = self.peak = 0
+
+    def add(self, nbytes: int) -> None:
+        self.now += int(nbytes)
+        self.peak = max(self.peak, self.now)
+
+    def sub(self, nbytes: int) -> None:
+        self.now -= int(nbytes)
+
+
+# ----------------------------------------------------------------------------- the optimizer
+
+
+class ShardedAdamW:
+    """AdamW on this rank's chunks only: 2 x Ψ/N moments instead of 2 x Ψ (stage 1's saving).
+
+    `params[u]` and `grads[u]` are unit u's owned chunks (views or arrays, updated in place).
+    Bias correction uses the global step; weight decay follows each element's parameter.
+    """
+
+    def __init__(self, units: list[FlatUnit], params: list, grads: list, weight_decay: float):
+        self.units, self.params, self.grads = units, params, grads
+        self.weight_decay = weight_decay
+        self.segments = [u.decay_segments() for u in units]
+        self.exp_avg = [np.zeros_like(p) for p in params]
+        self.exp_avg_sq = [np.zeros_like(p) for p in params]
+        self.step_count = 0
+
+    def grad_norm(self, groups: list, weights: list | None = None) -> float:
+        """The whole model's gradient norm from the chunks: each rank sums its squares (the padding
+        adds zeros), an all-reduce over each of `groups` adds the partial sums: [the group of the
+        chunks], or in a mesh [dp, tp, pp]. `weights[u]`: 1 where an element
+        counts on this rank, 0 where another rank counts it (a replicated parameter, once)."""
+        weights = weights or [None] * len(self.grads)
+        squares = np.array([sum(float(np.dot(g, g)) if w is None else float(np.dot(g * w, g))
+                                for g, w in zip(self.grads, weights))])
+        for group in groups:
+            all_reduce(squares, op="sum", group=group)
+        return math.sqrt(float(squares[0]))
+
+    def clip_to(self, max_norm: float, total_norm: float) -> None:
+        """Scale the chunks as optim.clip_grad_norm_ scales whole gradients."""
+        scale = max_norm / (total_norm + 1e-6)
+        if scale < 1.0:
+            for g in self.grads:
+                g *= scale
+
+    def clip_grad_norm_(self, max_norm: float, groups: list, weights: list | None = None) -> float:
+        """Clip the chunks by the whole model's norm (`grad_norm`); returns the norm."""
+        total = self.grad_norm(groups, weights)
+        self.clip_to(max_norm, total)
+        return total
+
+    def step(self, lr: float) -> None:
+        self.step_count += 1
+        for u in range(len(self.units)):
+            p, g, m, v = self.params[u], self.grads[u], self.exp_avg[u], self.exp_avg_sq[u]
+            for a, b, decay in self.segments[u]:
+                adamw_update(p[a:b], g[a:b], m[a:b], v[a:b], self.step_count, lr, BETAS, EPS,
+                             self.weight_decay if decay else 0.0)
+
+    def nbytes(self) -> int:
+        return sum(m.nbytes + v.nbytes for m, v in zip(self.exp_avg, self.exp_avg_sq))

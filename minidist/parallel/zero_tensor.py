@@ -1,0 +1,92 @@
+"""ZeRO inside a DP x TP mesh: each tensor-parallel shard sharded again over dp (chapter 9).
+
+FSDP + TP, as torchtitan composes them (and DeepSpeed's ZeRO with Megatron's tensor
+parallelism): the mesh (`mesh.py`) gives each rank a tp group and a dp group. The tp group
+splits the model's matrices (chapter 6); within each dp group, the ranks that hold the *same*
+tp shard cut that shard's states into chunks with ZeRO's stages (chapter 8). Nothing in
+either strategy changes; only four things about "the whole model" change meaning:
+
+    the module     this rank's tensor-parallel shard, not the GPT (`build_model`)
+    the gradient   sequence parallelism leaves partial gradients of the replicated parameters;
+                   they are summed over tp just before their unit is reduce-scattered over dp
+    the norm       chunk squares summed over dp, then over tp — replicated parameters counted on
+                   tp rank 0 only (`norm_groups`)
+    the accuracy   the arg-max over the vocabulary split across tp
+
+Without a pipeline, so no micro-batches: stages 2 and 3 cut the gradients, and each rank's
+gradient is complete after its one backward.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from minidist.comm.world import World, resolve
+from minidist.model import GPTConfig
+from minidist.parallel.mesh import DeviceMesh, check_mesh
+from minidist.parallel.sequence import allreduce_partial_grads
+from minidist.parallel.tensor_layers import vocab_parallel_argmax
+from minidist.parallel.tensor_parallel import (SequenceParallelGPT, TensorParallelGPT, check_tensor_parallel,
+                                               consolidate_state_dict)
+from minidist.parallel.zero import Zero1Trainer, Zero2Trainer, Zero3Trainer
+from minidist.train import OptimSettings
+
+
+class TensorParallelShards:
+    """What a ZeRO stage needs to change to run over a tp shard (mixed in before the stage)."""
+
+    def __init__(self, config: GPTConfig, settings: OptimSettings, task, batch_size: int, seed: int = 0,
+                 group: World | None = None, dp: int = 1, tp: int = 1, sequence_parallel: bool = False):
+        world = resolve(group)
+        check_mesh(world.size, dp, tp, 1, config, batch_size)
+        check_tensor_parallel(config, tp, sequence_parallel)
+        self.mesh, self.sequence_parallel = DeviceMesh(world, dp=dp, tp=tp), sequence_parallel
+        super().__init__(config, settings, task, batch_size, seed, group=self.mesh.dp_group)
+        self.name = f"dp{dp}-tp{tp}" + ("-sp" if sequence_parallel else "") + f"-zero{self.stage}"
+        self.model = None  # the module is a shard: nothing to sample from on one rank
+        self.norm_weights = [u.flatten([np.full(shape, float(self.counted_in_norm(p)))
+                                        for p, shape in zip(u.params, u.shapes)])[u.lo:u.hi] for u in self.units]
+
+    def build_model(self, config: GPTConfig, seed: int):
+        model = SequenceParallelGPT if self.sequence_parallel else TensorParallelGPT
+        return model(config, self.mesh.tp_group, seed=seed)
+
+    def complete_partial_gradients(self, params: list) -> None:
+        allreduce_partial_grads(params, self.module.group)  # sequence parallelism's, over tp
+
+    def counted_in_norm(self, p) -> bool:
+        return getattr(p, "tensor_model_parallel", False) or self.mesh.place.tp == 0
+
+    def norm_groups(self):
+        return [self.group, self.module.group], self.norm_weights  # chunks over dp, shards over tp
+
+    def accuracy(self, logits: np.ndarray, targets) -> float:
+        predictions = vocab_parallel_argmax(logits, self.module.group, self.module.vocab_start_index())
+        return float((predictions == targets).mean())
+
+    def state_dict(self) -> dict | None:
+        """Collective. The serial model's state dict on world rank 0: this dp group's shards
+        first (each stage's own way), then glued over tp."""
+        shards = super().state_dict()
+        whole = consolidate_state_dict(self.module, state=shards)
+        return whole if self.mesh.world.rank == 0 else None
+
+    def save_checkpoint(self, directory) -> None:
+        raise NotImplementedError("a sharded ZeRO checkpoint directory holds one tp shard's layout: save a DP x TP "
+                                  "mesh with minidist.parallel.checkpointing (the demo's --checkpoint DIR)")
+
+    load_checkpoint = save_checkpoint
+
+
+class TensorParallelZero1Trainer(TensorParallelShards, Zero1Trainer):
+    """ZeRO-1 over dp, of each tp shard's AdamW moments."""
+
+
+class TensorParallelZero2Trainer(TensorParallelShards, Zero2Trainer):
+    """ZeRO-2 over dp, of each tp shard's moments and gradients."""
+
+
+class TensorParallelZero3Trainer(TensorParallelShards, Zero3Trainer):
+    """ZeRO-3 (FSDP) over dp, of each tp shard's moments, gradients and weights."""
+
+
+STAGES = {1: TensorParallelZero1Trainer, 2: TensorParallelZero2Trainer, 3: TensorParallelZero3Trainer}
