@@ -6,6 +6,8 @@
     mpirun -n 4 python -m minidist.demo --dp 4        # one strategy: --dp N [--zero S | --balance],
                                                       # --tp N, --pp N --microbatches M
                                                       # [--schedule interleaved --virtual-stages V]
+    mpirun -n 4 python -m minidist.demo --dp 2 --tp 2 # composed: any two or three of --dp --tp --pp
+    mpirun -n 8 python -m minidist.demo --dp 2 --tp 2 --pp 2 --zero 1   # (their product = ranks)
 
 The flags and the `--json` keys are a contract (notebooks and checks read them): later
 chapters add flags and keys, none is renamed or dropped.
@@ -20,7 +22,10 @@ tour `tour` (one row per strategy); `algorithm` (the --algorithm asked for) and
 `all_reduce_algorithms` (those that really ran, e.g. ["shared_memory"] for "auto" on one
 machine; also in every tour row), `kernels` (fast or plain), `first_step` (0, or the step a
 --checkpoint run resumed from: then losses, accuracies and step_seconds cover the steps this run
-trained, first_step to steps - 1).
+trained, first_step to steps - 1); `traffic_by_group` (one entry per rank: the bytes it sent
+per step in each of its mesh's groups, "dp", "tp", "pp", "embedding"; empty for one-strategy
+layouts) and, for composed layouts, `mesh` (shape {pp, dp, tp}, order, and every rank's
+coordinates and groups).
 
     python -m minidist.demo --dp 2 ... --checkpoint ckpt --checkpoint-every 50
                                       # saves ckpt/step-000050/ ...; the same command again resumes
@@ -80,11 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--untied", action="store_true", help="separate LM head instead of tying it to the embedding")
     p.add_argument("--data", type=data_source, default="sort", help="'sort' (built-in task) or a path to any text file")
     p.add_argument("--log-every", type=cli.integer(-1), default=0, help="steps between log lines (0: about 10 lines; -1: none)")
-    p.add_argument("--dp", type=positive, help="data-parallel degree (chapter 3); must equal the number of ranks")
-    p.add_argument("--tp", type=positive, help="tensor-parallel degree (chapter 6); must equal the number of ranks")
+    p.add_argument("--dp", type=positive, help="data-parallel degree (chapter 3); dp x tp x pp = the number of ranks")
+    p.add_argument("--tp", type=positive, help="tensor-parallel degree (chapter 6); combines with --dp and --pp (chapter 9)")
     p.add_argument("--sequence-parallel", action="store_true",
                    help="with --tp: LayerNorms, residual adds and dropouts on T/t tokens (chapter 6, section 8)")
-    p.add_argument("--pp", type=positive, help="pipeline stages (chapters 4-5); must equal the number of ranks")
+    p.add_argument("--pp", type=positive, help="pipeline stages (chapters 4-5); combines with --dp and --tp (chapter 9)")
     p.add_argument("--microbatches", type=positive, default=4, help="pipeline micro-batches (1: naive model parallelism)")
     p.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved"], default="1f1b", help="pipeline schedule")
     p.add_argument("--virtual-stages", type=positive, default=2,
@@ -175,12 +180,16 @@ def run(kind: str, args, config, task, world, show: bool, ranks=None, with_sampl
     """Train one strategy on `ranks` (default: all); collective over the whole world."""
     ranks = range(world.size) if ranks is None else ranks
     traffic.reset()
-    trainer, result = None, {}
+    trainer, result, per_step = None, {}, {}
     if world.rank in ranks:
         trainer = strategies.make_trainer(kind, args, config, task, world)
         first_step, before_step = resume(kind, args, config, trainer, world) if args.checkpoint else (0, None)
+        built = traffic.by_label(traffic.snapshot())  # the set-up's messages (broadcasts) are not a step's
         result = train(args, trainer, task, show and world.rank == 0, first_step, before_step)
         result["first_step"] = first_step
+        # a mesh's groups are labelled: the bytes this rank sent per step in its dp, tp, pp, embedding groups
+        per_step = {label: (nbytes - built.get(label, 0)) // max(1, args.steps - first_step)
+                    for label, nbytes in traffic.by_label(traffic.snapshot()).items()}
         if with_sample and world.rank == 0:
             result["sample"] = sample(trainer, task, args.steps)
     # ranks not taking part wait here, politely, for as long as the others train: an expected
@@ -188,8 +197,9 @@ def run(kind: str, args, config, task, world, show: bool, ranks=None, with_sampl
     dist.barrier(timeout=math.inf if world.rank not in ranks else None)
     result["memory"] = world.comm.allgather(trainer.memory() if trainer else IDLE)
     result["comm"] = traffic.gather()
-    result["all_reduce_algorithms"] = sorted({kind.split(".")[1] for counts in result["comm"]
+    result["all_reduce_algorithms"] = sorted({kind.split("@")[0].split(".")[1] for counts in result["comm"]
                                               for kind in counts["by_kind"] if kind.startswith("all_reduce.")})
+    result["traffic_by_group"] = world.comm.allgather({"rank": world.rank, **per_step})
     if trainer:
         result.update(trainer.report())
     state = trainer.state_dict() if trainer else None  # collective for sharded strategies

@@ -17,12 +17,22 @@ this is the one place that knows them all, for the demo and its tour. Each strat
     tp          --tp N                             TensorParallelTrainer         6
     tp-sp       --tp N --sequence-parallel         ... (SequenceParallelGPT)     6
     zero1..3    --dp N --zero S                    Zero1Trainer .. Zero3Trainer  8
+    dp2-tp2 ... two or three of --dp --tp --pp     MeshTrainer (composed.py)     9
+                ... --zero 1                       MeshZero1Trainer
+                --dp --tp (no --pp) --zero 2|3     TensorParallelZero2/3Trainer (zero_tensor.py)
 
-Layouts that combine several degrees (DP x TP x PP) are not built yet: a layout names one.
+A composed layout's name lists its degrees above 1 in the mesh's order, then "sp" and the ZeRO
+stage: "dp2-tp2", "tp2-pp2", "dp2-tp2-pp2-zero1", "dp2-tp2-sp-zero3". Its degrees multiply to
+the world size. With a pipeline, --microbatches M cuts each replica's batch; without one,
+--accumulation k does (a one-stage pipeline of k micro-batches).
 """
 from __future__ import annotations
 
+import re
+
+from minidist.parallel import zero_tensor
 from minidist.parallel.balance import BalancedDataParallelTrainer
+from minidist.parallel.composed import MeshTrainerFor, check_composed, mesh_name
 from minidist.parallel.data_parallel import DataParallelTrainer
 from minidist.parallel.pipeline import PipelineTrainer
 from minidist.parallel.pipeline import check_layout as check_pipeline
@@ -38,8 +48,10 @@ def choose(args, config, world_size: int) -> tuple[str | None, dict]:
 
     Pure arithmetic on the flags, so every rank reaches the same verdict before any message."""
     given = {name: getattr(args, name) for name in ("dp", "tp", "pp") if getattr(args, name) is not None}
+    if len(given) > 1:  # a degree of 1 adds nothing: --dp 4 --tp 1 is --dp 4
+        given = {name: degree for name, degree in given.items() if degree > 1} or {next(iter(given)): 1}
     if len(given) > 1:
-        raise ValueError(f"combining {' and '.join('--' + k for k in given)} is not supported yet: pick one")
+        return choose_mesh(args, config, world_size, given)
     if args.zero and "dp" not in given:
         raise ValueError("--zero needs --dp N (ZeRO partitions the data-parallel replicas)")
     if args.accumulation != 1 and ("dp" not in given or args.zero):
@@ -69,9 +81,68 @@ def choose(args, config, world_size: int) -> tuple[str | None, dict]:
     return kind, layout
 
 
+def choose_mesh(args, config, world_size: int, given: dict) -> tuple[str, dict]:
+    """(kind, layout) of a composed layout: two or three of --dp --tp --pp (chapter 9)."""
+    degrees = {"dp": 1, "tp": 1, "pp": 1, **given}
+    product = degrees["dp"] * degrees["tp"] * degrees["pp"]
+    if product != world_size:
+        flags = " ".join(f"--{k} {v}" for k, v in given.items())
+        raise ValueError(f"layout {' x '.join(f'{k}={v}' for k, v in given.items())} needs {product} ranks, but this job "
+                         f"has {world_size} (run: mpirun -n {product} python -m minidist.demo {flags})")
+    for flag in ("balance", "naive_dp"):
+        if getattr(args, flag, False):
+            raise ValueError(f"--{flag.replace('_', '-')} needs --dp alone (it changes plain data parallelism)")
+    if args.sequence_parallel and degrees["tp"] == 1:
+        raise ValueError("--sequence-parallel needs --tp N (it splits what tensor parallelism replicates)")
+    zero = args.zero or 0
+    if zero and degrees["dp"] == 1:
+        raise ValueError("--zero needs --dp N (ZeRO partitions the data-parallel replicas)")
+    if degrees["pp"] > 1 and args.accumulation != 1:
+        raise ValueError("--accumulation with --pp: a pipeline's micro-batches are its accumulation (use --microbatches)")
+    if zero >= 2 and degrees["pp"] == 1 and args.accumulation != 1:
+        raise ValueError(f"--accumulation with --zero {zero}: stages 2-3 shard the gradients, which accumulation "
+                         "would need whole (use --zero 1)")
+    schedule = args.schedule
+    m = args.microbatches if degrees["pp"] > 1 else args.accumulation
+    check_composed(config, world_size, args.batch_size, **degrees, microbatches=m, schedule=schedule,
+                   virtual_stages=_virtual(args, schedule), sequence_parallel=args.sequence_parallel,
+                   zero=zero if degrees["pp"] > 1 else min(zero, 1))
+    return mesh_name(**degrees, zero=zero, sequence_parallel=args.sequence_parallel), {**degrees, "zero": zero}
+
+
+MESH_NAME = re.compile(r"(?:dp(\d+))?-?(?:tp(\d+))?-?(?:pp(\d+))?(-sp)?(?:-zero(\d))?")
+
+
+def parse_mesh_name(kind: str) -> dict | None:
+    """{"dp", "tp", "pp", "sequence_parallel", "zero"} of a composed layout's name, else None."""
+    match = MESH_NAME.fullmatch(kind)
+    if not match or sum(g is not None for g in match.groups()[:3]) < 2:
+        return None
+    dp, tp, pp, sp, zero = match.groups()
+    return {"dp": int(dp or 1), "tp": int(tp or 1), "pp": int(pp or 1), "sequence_parallel": bool(sp),
+            "zero": int(zero or 0)}
+
+
+def make_mesh_trainer(mesh: dict, args, config, task, world, settings):
+    """The composed trainer: ZeRO-2/3 over dp x tp shards, or the pipeline mesh (ZeRO-0/1)."""
+    if mesh["zero"] >= 2:
+        trainer = zero_tensor.STAGES[mesh["zero"]]
+        return trainer(config, settings, task, args.batch_size, seed=args.seed, group=world, dp=mesh["dp"],
+                       tp=mesh["tp"], sequence_parallel=mesh["sequence_parallel"])
+    pipeline = mesh["pp"] > 1
+    return MeshTrainerFor(mesh["zero"])(
+        config, settings, task, args.batch_size, seed=args.seed, group=world, dp=mesh["dp"], tp=mesh["tp"],
+        pp=mesh["pp"], microbatches=args.microbatches if pipeline else args.accumulation,
+        schedule=args.schedule if pipeline else "1f1b", virtual_stages=_virtual(args, args.schedule) if pipeline else 1,
+        sequence_parallel=mesh["sequence_parallel"], bucket_cap_bytes=args.bucket_kb * 1024)
+
+
 def make_trainer(kind: str, args, config, task, world):
     settings = OptimSettings(lr=args.lr, steps=args.steps, warmup=min(10, args.steps // 10), min_lr=args.lr / 10)
     common = dict(seed=args.seed)
+    mesh = parse_mesh_name(kind)
+    if mesh is not None:
+        return make_mesh_trainer(mesh, args, config, task, world, settings)
     if kind == "serial":
         return SerialTrainer(config, settings, task, args.batch_size, **common)
     if kind in ("dp", "dp-naive"):
@@ -119,7 +190,27 @@ def tour_plan(args, config, world_size: int) -> tuple[list, list[str]]:
             plan.append(("pp-interleaved", {**SERIAL, "pp": n}, None))
         except ValueError as why:
             skipped.append(f"pp-interleaved: {why}")
+    plan += [(kind, layout, None) for kind, layout in mesh_plan(args, config, n)]
     return plan, skipped
+
+
+def mesh_plan(args, config, world_size: int) -> list[tuple[str, dict]]:
+    """Every composed layout of this world (at least two degrees above 1) that the model allows,
+    with the flags' micro-batches and schedule (chapter 9's rows of the tour)."""
+    plan = []
+    for dp in range(1, world_size + 1):
+        for tp in range(1, world_size // dp + 1):
+            pp = world_size // (dp * tp)
+            if dp * tp * pp != world_size or sum(d > 1 for d in (dp, tp, pp)) < 2:
+                continue
+            m = args.microbatches if pp > 1 else 1
+            try:
+                check_composed(config, world_size, args.batch_size, dp, tp, pp, m, args.schedule,
+                               _virtual(args, args.schedule))
+            except ValueError:
+                continue
+            plan.append((mesh_name(dp, tp, pp), {"dp": dp, "tp": tp, "pp": pp, "zero": 0}))
+    return sorted(plan, key=lambda row: (-row[1]["dp"], -row[1]["tp"]))  # dp x tp, dp x pp, tp x pp
 
 
 def _virtual(args, schedule: str) -> int:

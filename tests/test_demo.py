@@ -75,7 +75,10 @@ def test_bad_flags_fail_with_one_line(flags, message):
     (2, ["--pp", "2", "--n-layer", "1"], "needs at least 2 layers"),
     (2, ["--pp", "2", "--batch-size", "6", "--microbatches", "4"], "does not split into 4 micro-batches"),
     (2, ["--zero", "2"], "--zero needs --dp N"),
-    (2, ["--dp", "2", "--tp", "2"], "combining --dp and --tp is not supported yet"),
+    (2, ["--dp", "2", "--tp", "2"], "layout dp=2 x tp=2 needs 4 ranks, but this job has 2 (run: mpirun -n 4"),
+    (4, ["--dp", "2", "--pp", "2", "--zero", "2"], "stages 2 and 3 shard the gradients"),
+    (4, ["--dp", "2", "--pp", "2", "--accumulation", "2"], "a pipeline's micro-batches are its accumulation"),
+    (4, ["--tp", "2", "--pp", "2", "--zero", "1"], "--zero needs --dp N"),
 ])
 def test_bad_layouts_fail_before_any_message(nprocs, flags, message):
     proc = demo(*flags, "--steps", "1", nprocs=nprocs)
@@ -107,6 +110,32 @@ def test_each_layout_reproduces_serial_and_saves_full_weights(tmp_path, flags, k
     if key == "pipeline":
         assert report["pipeline"]["schedule"] == "gpipe" and report["pipeline"]["microbatches"] == 2
         assert report["pipeline"]["bubble_theory"] == pytest.approx(1 / 3)
+
+
+def test_composed_layout_reproduces_serial_and_reports_its_mesh(tmp_path):
+    serial_out, serial_w = tmp_path / "s.json", tmp_path / "s.npz"
+    out, weights = tmp_path / "p.json", tmp_path / "p.npz"
+    common = ["--steps", "3", "--dtype", "float64", *SMALL]
+    assert demo(*common, "--json", str(serial_out), "--save", str(serial_w)).returncode == 0
+    proc = demo(*common, "--tp", "2", "--pp", "2", "--microbatches", "2", "--json", str(out), "--save", str(weights),
+                nprocs=4)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    report, serial = json.loads(out.read_text()), json.loads(serial_out.read_text())
+    assert JSON_KEYS <= set(report) and len(report["memory"]) == 4
+    np.testing.assert_allclose(report["losses"], serial["losses"], rtol=1e-9)
+    np.testing.assert_allclose(report["accuracies"], serial["accuracies"], rtol=1e-9)
+    got, want = dict(np.load(weights)), dict(np.load(serial_w))
+    assert set(got) == set(want)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-7, atol=1e-12, err_msg=name)
+    assert report["layout"] == {"dp": 1, "tp": 2, "pp": 2, "zero": 0}
+    assert report["mesh"]["shape"] == {"pp": 2, "dp": 1, "tp": 2}
+    assert [r["tp_group"] for r in report["mesh"]["ranks"]] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+    assert [r["embedding_group"] for r in report["mesh"]["ranks"]] == [[0, 2], [1, 3], [0, 2], [1, 3]]
+    traffic = report["traffic_by_group"]
+    assert [t["rank"] for t in traffic] == [0, 1, 2, 3]
+    assert all(t["tp"] > 0 and t["pp"] > 0 and t["embedding"] > 0 and "dp" not in t for t in traffic)
+    assert report["pipeline"]["stages"] == 2
 
 
 def test_tour_compares_strategies_with_serial(tmp_path):

@@ -52,8 +52,7 @@ from minidist.model import GPTConfig
 from minidist.parallel.data_parallel import DistributedDataParallel
 from minidist.parallel.mesh import DeviceMesh, check_mesh, layout
 from minidist.parallel.pipeline import PipelineStage, PipelineTrainer, check_layout, merge_stage_states
-from minidist.parallel.tensor_layers import vocab_parallel_argmax
-from minidist.parallel.tensor_parallel import check_tensor_parallel, consolidate_state_dict
+from minidist.parallel.tensor_parallel import check_tensor_parallel, consolidate_state_dict, vocab_parallel_accuracy
 from minidist.parallel.tensor_stage import SequenceParallelStage, TensorParallelStage
 from minidist.parallel.zero_partition import FlatUnit, ShardedAdamW
 from minidist.tensor import get_default_dtype
@@ -136,8 +135,7 @@ class MeshTrainer(PipelineTrainer):
     def accuracy(self, logits: np.ndarray, targets) -> float:
         if self.mesh.tp == 1:
             return accuracy(logits, targets)
-        predictions = vocab_parallel_argmax(logits, self.tp_group, self.stage.vocab_start_index())
-        return float((predictions == targets).mean())
+        return vocab_parallel_accuracy(logits, targets, self.tp_group, self.stage.vocab_start_index())
 
     # -- the end of the step (see the module docstring for the order)
     def finish_gradients(self) -> None:

@@ -212,6 +212,15 @@ class SequenceParallelGPT(TensorParallelGPT):
         allreduce_sequence_parallel_grads(self, self.group)
 
 
+def vocab_parallel_accuracy(logits: np.ndarray, targets, group: World, vocab_start: int,
+                            ignore_index: int = -100) -> float:
+    """`data.accuracy` of logits split over the vocabulary (collective over `group`): the
+    arg-max over all V entries, never gathered; targets equal to `ignore_index` do not count."""
+    predictions = vocab_parallel_argmax(logits, group, vocab_start)
+    counted = np.asarray(targets) != ignore_index
+    return float((predictions == targets)[counted].mean()) if counted.any() else float("nan")
+
+
 # ----------------------------------------------------------------------------- shards of the serial model
 
 
@@ -327,10 +336,8 @@ class TensorParallelTrainer(Trainer):
         self.optimizer.step()
         return loss.item(), self.accuracy(logits.data, y)
 
-    def accuracy(self, logits: np.ndarray, targets, ignore_index: int = -100) -> float:
-        predictions = vocab_parallel_argmax(logits, self.group, self.local_model.vocab_start_index())
-        counted = np.asarray(targets) != ignore_index
-        return float((predictions == targets)[counted].mean()) if counted.any() else float("nan")
+    def accuracy(self, logits: np.ndarray, targets) -> float:
+        return vocab_parallel_accuracy(logits, targets, self.group, self.local_model.vocab_start_index())
 
     def memory(self) -> dict:
         """This rank's ledger: its shards and the replicated parameters, their gradients and

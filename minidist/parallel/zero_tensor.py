@@ -24,9 +24,8 @@ from minidist.comm.world import World, resolve
 from minidist.model import GPTConfig
 from minidist.parallel.mesh import DeviceMesh, check_mesh
 from minidist.parallel.sequence import allreduce_partial_grads
-from minidist.parallel.tensor_layers import vocab_parallel_argmax
 from minidist.parallel.tensor_parallel import (SequenceParallelGPT, TensorParallelGPT, check_tensor_parallel,
-                                               consolidate_state_dict)
+                                               consolidate_state_dict, vocab_parallel_accuracy)
 from minidist.parallel.zero import Zero1Trainer, Zero2Trainer, Zero3Trainer
 from minidist.train import OptimSettings
 
@@ -60,8 +59,7 @@ class TensorParallelShards:
         return [self.group, self.module.group], self.norm_weights  # chunks over dp, shards over tp
 
     def accuracy(self, logits: np.ndarray, targets) -> float:
-        predictions = vocab_parallel_argmax(logits, self.module.group, self.module.vocab_start_index())
-        return float((predictions == targets).mean())
+        return vocab_parallel_accuracy(logits, targets, self.module.group, self.module.vocab_start_index())
 
     def state_dict(self) -> dict | None:
         """Collective. The serial model's state dict on world rank 0: this dp group's shards
