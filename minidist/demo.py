@@ -48,7 +48,7 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-from minidist import checkpoint, cli, comm as dist, strategies
+from minidist import checkpoint, cli, comm as dist, frameworks, strategies
 from minidist.data import make_task
 from minidist.comm import all_reduce_algorithm, faults, traffic
 from minidist.comm.collectives import ALL_REDUCE
@@ -111,6 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "command again to resume from the newest complete checkpoint (one layout, not the tour)")
     p.add_argument("--checkpoint-every", type=cli.integer(1), default=50, metavar="K",
                    help="steps between checkpoints (with --checkpoint)")
+    p.add_argument("--deepspeed-config", metavar="PATH",
+                   help="train the layout of a DeepSpeed JSON config (chapter 9); --pp/--tp give the degrees "
+                        "DeepSpeed sets in code")
+    p.add_argument("--megatron-args", metavar="ARGS",
+                   help="train the layout of a Megatron-LM argument line, in quotes (chapter 9)")
     return p
 
 
@@ -306,7 +311,10 @@ def main(argv=None) -> int:
     faults.install()
     tune_malloc()
     world = dist.get_world()
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.deepspeed_config is not None or args.megatron_args is not None:
+        translate(parser, args, argv, world)
     limit_threads_per_rank(world.comm)
     if world.size > 1:  # where MPI put the ranks: one machine, or several (chapter 2)
         nodes = world.nodes()
@@ -335,6 +343,25 @@ def main(argv=None) -> int:
         print(f"done: final loss {result['losses'][-1]:.4f}, accuracy {result['accuracies'][-1]:.3f}, "
               f"{result['tokens_per_s']:.0f} tokens/s", flush=True)
     return finish(args, world, {**report, **result}, result["state"])
+
+
+def translate(parser, args, argv, world) -> None:
+    """--deepspeed-config / --megatron-args: the config's layout becomes the flags (chapter 9);
+    a flag given on the command line as well wins (e.g. --n-embd 32 to run a big model small)."""
+    try:
+        if args.deepspeed_config is not None and args.megatron_args is not None:
+            raise ValueError("give --deepspeed-config or --megatron-args, not both")
+        if args.deepspeed_config is not None:
+            translation = frameworks.from_deepspeed(args.deepspeed_config, world.size, pp=args.pp or 1,
+                                                    tp=args.tp or 1)
+        else:
+            translation = frameworks.from_megatron(args.megatron_args, world.size)
+    except ValueError as error:
+        faults.fail(str(error))
+    translation.apply(args, keep=frameworks.given_flags(parser, argv))
+    world.print0(translation.describe())
+    for why in translation.unsupported:
+        world.print0(f"  not supported: {why}")
 
 
 def _span(ranks: list[int]) -> str:

@@ -1,5 +1,6 @@
 """The demo's command line is a contract: flags, --json keys, --save, one-line errors."""
 import json
+from pathlib import Path
 import os
 import subprocess
 import sys
@@ -136,6 +137,17 @@ def test_composed_layout_reproduces_serial_and_reports_its_mesh(tmp_path):
     assert [t["rank"] for t in traffic] == [0, 1, 2, 3]
     assert all(t["tp"] > 0 and t["pp"] > 0 and t["embedding"] > 0 and "dp" not in t for t in traffic)
     assert report["pipeline"]["stages"] == 2
+
+
+def test_deepspeed_config_runs_its_layout(tmp_path):
+    out = tmp_path / "ds.json"
+    config = Path(__file__).parent.parent / "examples" / "frameworks" / "deepspeed_zero2.json"
+    proc = demo("--deepspeed-config", str(config), "--steps", "2", "--json", str(out), *SMALL, nprocs=4)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    report = json.loads(out.read_text())
+    assert report["layout"] == {"dp": 4, "tp": 1, "pp": 1, "zero": 2}
+    assert report["config"]["n_embd"] == 32  # the command line's flags win over the config
+    assert "not supported:" in proc.stdout
 
 
 def test_tour_compares_strategies_with_serial(tmp_path):

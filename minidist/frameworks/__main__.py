@@ -1,0 +1,52 @@
+"""`python -m minidist.frameworks deepspeed|megatron ...`: print what a config means here (chapter 9)."""
+from __future__ import annotations
+
+import sys
+
+from minidist import cli
+from minidist import frameworks
+from minidist.frameworks import from_deepspeed, from_megatron, words
+
+
+# ----------------------------------------------------------------------------- the command line
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
+    parser = cli.OneLineParser(prog="python -m minidist.frameworks", description=frameworks.__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="framework", required=True)
+    ds = sub.add_parser("deepspeed", help="a DeepSpeed JSON config")
+    ds.add_argument("config", help="path of the JSON config")
+    ds.add_argument("--pp", type=cli.integer(1), default=1, help="pipeline stages (PipelineModule(num_stages=...))")
+    ds.add_argument("--tp", type=cli.integer(1), default=1, help="tensor-parallel degree (Megatron-DeepSpeed)")
+    mg = sub.add_parser("megatron", help="a Megatron-LM argument line, after -- (or in --file)")
+    mg.add_argument("--file", help="a file holding the argument line (a launch script's arguments)")
+    for p in (ds, mg):
+        p.add_argument("--world", type=cli.integer(1), required=True, help="number of ranks (mpirun -n)")
+    args = parser.parse_args(argv)
+    try:
+        if args.framework == "deepspeed":
+            t = from_deepspeed(args.config, args.world, pp=args.pp, tp=args.tp)
+        else:
+            if args.file is None and not extra:
+                raise ValueError("megatron: give the arguments after -- or in --file PATH")
+            if args.file is not None:
+                try:
+                    with open(args.file) as f:
+                        extra = words(f.read()) + extra
+                except OSError as error:
+                    raise ValueError(f"--file {args.file}: cannot read it ({error.strerror})") from None
+            t = from_megatron(extra, args.world)
+    except ValueError as error:
+        parser.error(str(error))
+    print(t.describe())
+    print("\nmapped:", *(f"  {note}" for note in t.notes), sep="\n")
+    print("\nnot supported:", *(f"  {why}" for why in t.unsupported or ["none"]), sep="\n")
+    print("\nrun it:", f"  {t.command()}", sep="\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

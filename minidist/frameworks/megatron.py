@@ -1,0 +1,228 @@
+"""A Megatron-LM argument line as a minidist layout (chapter 9)."""
+from __future__ import annotations
+
+import argparse
+import shlex
+
+from minidist import cli
+from minidist.frameworks.translation import (
+    BETAS, EPS, DEMO_VOCAB, LOW_PRECISION, NO_RECOMPUTE, Translation, data_parallel_size,
+    batch_rule, finish_translation, set_layout_steps)
+
+
+SWITCHES = {"--sequence-parallel", "--fp16", "--bf16", "--use-distributed-optimizer", "--overlap-grad-reduce",
+            "--untie-embeddings-and-output-weights", "--use-torch-fsdp2", "--use-megatron-fsdp"}
+MEGATRON_IGNORED = [  # (flag prefixes, why minidist does not follow them)
+    (("--data", "--split", "--tokenizer", "--vocab-file", "--merge-file", "--mock-data", "--train-data",
+      "--valid-data", "--test-data", "--num-workers", "--hf-tokenizer", "--make-vocab-size"),
+     "ignored: minidist generates its data"),
+    (("--save", "--load", "--ckpt", "--no-save", "--no-load", "--finetune", "--exit-", "--use-checkpoint"),
+     "ignored: the demo saves with --checkpoint DIR and --save PATH"),
+    (("--log", "--eval", "--tensorboard", "--wandb", "--timing", "--profile"),
+     "ignored: logging and evaluation (the demo prints its progress; --json keeps the measurements)"),
+    (("--recompute", "--distribute-saved-activations"), NO_RECOMPUTE),
+    (("--swiglu", "--normalization", "--position-embedding", "--use-rotary", "--rotary", "--disable-bias-linear",
+      "--group-query-attention", "--num-query-groups", "--kv-channels", "--squared-relu", "--init-method-std",
+      "--apply-layernorm-1p", "--qk-layernorm", "--add-qkv-bias", "--no-position-embedding"),
+     "minidist's GPT is GPT-2's: LayerNorm, a GELU MLP of 4 x n_embd, learned positions, biases"),
+    (("--moe", "--expert", "--num-experts"), "minidist's GPT is dense: no experts (chapter 11 describes them)"),
+    (("--fp8", "--fp4", "--loss-scale", "--initial-loss-scale", "--min-loss-scale", "--hysteresis",
+      "--accumulate-allreduce", "--attention-softmax-in-fp32", "--fp16-lm-cross-entropy", "--fp32-residual"),
+     LOW_PRECISION),
+    (("--train-samples", "--rampup-batch-size", "--lr-warmup-samples", "--lr-decay-samples"),
+     "a sample-based schedule: give --train-iters (minidist counts steps)"),
+    (("--overlap-param-gather",), "minidist's ZeRO gathers the updated parameters after the step, not overlapped"),
+    (("--distributed-backend", "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion", "--no-bias-",
+      "--use-flash-attn", "--transformer-impl", "--attention-backend", "--use-mcore", "--tp-comm", "--cuda-graph",
+      "--no-async", "--use-legacy"),
+     "ignored: a GPU kernel or backend choice (minidist runs NumPy on CPUs over MPI)"),
+]
+FSDP_STAGES = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
+
+
+def words(text: str) -> list[str]:
+    """A shell line's words, as bash would pass them: quotes, backslash-newlines, # comments."""
+    return shlex.split(text.replace("\\\n", " "), comments=True)
+
+
+def parse_megatron(argv) -> dict[str, str | None]:
+    """Megatron-LM's command line as {flag: value} (None for a switch; the last one wins, as in
+    argparse). A whole pasted launch line works: everything up to the training script is dropped."""
+    tokens = words(argv) if isinstance(argv, str) else list(argv)
+    scripts = [i for i, token in enumerate(tokens) if token.endswith(".py")]
+    tokens = tokens[scripts[0] + 1:] if scripts else tokens
+    flags, i = {}, 0
+    while i < len(tokens):
+        name, eq, value = tokens[i].partition("=")
+        if not name.startswith("--"):
+            raise ValueError(f"megatron args: expected a --flag, got {tokens[i]!r}"
+                             + (f" after {tokens[i - 1]} (a switch takes no value)" if i and tokens[i - 1] in SWITCHES
+                                else ""))
+        i += 1
+        if not eq and name not in SWITCHES:  # a flag's values run up to the next --flag
+            values = []
+            while i < len(tokens) and not tokens[i].startswith("--"):
+                values.append(tokens[i])
+                i += 1
+            value = " ".join(values) if values else None
+        flags[name] = value if eq or name not in SWITCHES else None
+    return flags
+
+
+def from_megatron(argv, world_size: int) -> Translation:
+    """Translate a Megatron-LM argument line (a string, or a list of words) on `world_size` ranks."""
+    flags, who = parse_megatron(argv), "megatron args"
+    t = Translation("Megatron-LM", world_size)
+
+    def take(flag, kind=int, lo=1, default=None):
+        if flag not in flags:
+            return default
+        text = flags.pop(flag)
+        if kind is bool:
+            return True
+        if text is None:
+            raise ValueError(f"{who}: {flag} needs a value")
+        try:
+            return cli.integer(lo)(text) if kind is int else kind(text) if kind is str else cli.number(lo)(text or "")
+        except argparse.ArgumentTypeError as error:
+            raise ValueError(f"{who}: {flag}: {error}") from None
+
+    t.tp, t.pp = take("--tensor-model-parallel-size", default=1), take("--pipeline-model-parallel-size", default=1)
+    cp = take("--context-parallel-size", default=1)
+    data_parallel_size(world_size, t.tp * cp, t.pp, who)  # Megatron's own rule first
+    t.dp = data_parallel_size(world_size, t.tp, t.pp, who)
+    if cp > 1:
+        t.unsupported.append(f"--context-parallel-size {cp}: minidist has no context parallelism (chapter 11); "
+                             f"its ranks join data parallelism (dp {t.dp // cp} -> {t.dp})")
+    micro = take("--micro-batch-size")
+    if micro is None:
+        raise ValueError(f"{who}: --micro-batch-size is required (Megatron-LM asserts it)")
+    try:
+        t.batch_size, t.micro_batch_size, steps = batch_rule(t.dp, take("--global-batch-size"), micro, names=(
+            "--global-batch-size", "--micro-batch-size", "micro-batches"))
+    except ValueError as error:
+        raise ValueError(f"{who}: {error}") from None
+    t.notes.append(f"--global-batch-size {t.batch_size} = --micro-batch-size {micro} x {steps} micro-batches x "
+                   f"dp {t.dp} -> --batch-size {t.batch_size}")
+    set_layout_steps(t, steps, "micro-batches per step")
+    _megatron_model(t, take)
+    _megatron_virtual(t, take, who)
+    t.zero = 1 if take("--use-distributed-optimizer", bool) else 0
+    if t.zero:
+        t.notes.append("--use-distributed-optimizer (optimizer states sharded over dp) -> --zero 1")
+    strategy = take("--data-parallel-sharding-strategy", str) or "no_shard"  # Megatron-FSDP's stages
+    fsdp = "--use-torch-fsdp2" if take("--use-torch-fsdp2", bool) else (
+        f"--use-megatron-fsdp (sharding {strategy})" if take("--use-megatron-fsdp", bool) else None)
+    if fsdp:
+        stage = 3 if fsdp == "--use-torch-fsdp2" else FSDP_STAGES.get(strategy)
+        if stage is None:
+            raise ValueError(f"{who}: --data-parallel-sharding-strategy {strategy}: expected one of "
+                             f"{', '.join(FSDP_STAGES)}")
+        t.zero = max(t.zero, stage)
+        t.notes.append(f"{fsdp} is ZeRO-{stage} (chapter 8) -> --zero {t.zero}")
+    sp = bool(take("--sequence-parallel", bool))
+    t.sequence_parallel = sp and t.tp > 1
+    if sp:
+        t.notes.append("--sequence-parallel -> --sequence-parallel" if t.tp > 1 else
+                       "--sequence-parallel with tp=1: Megatron-LM turns it off, and so does minidist")
+    if take("--overlap-grad-reduce", bool):
+        t.notes.append("--overlap-grad-reduce: minidist's data parallelism always overlaps its bucketed all-reduces")
+    _megatron_optimizer(t, take)
+    fp16, bf16 = take("--fp16", bool), take("--bf16", bool)
+    if fp16 and bf16:
+        raise ValueError(f"{who}: --fp16 and --bf16 both given; Megatron-LM accepts one of them")
+    if fp16 or bf16:
+        t.precision = "fp16" if fp16 else "bf16"
+        t.unsupported.append(f"--{t.precision}: {LOW_PRECISION}")
+    t.seed = take("--seed", lo=0)
+    if t.seed is not None:
+        t.notes.append(f"--seed {t.seed} -> --seed {t.seed} (minidist's weights and batches, not Megatron's)")
+    for flag, value in flags.items():
+        reason = next((why for prefixes, why in MEGATRON_IGNORED if flag.startswith(prefixes)),
+                      "ignored: no minidist counterpart")
+        t.unsupported.append(f"{flag}{'' if value is None else ' ' + value}: {reason}")
+    return finish_translation(t, who)
+
+
+def _megatron_model(t: Translation, take) -> None:
+    for flag, name in (("--num-layers", "n_layer"), ("--hidden-size", "n_embd"), ("--num-attention-heads", "n_head"),
+                       ("--seq-length", "block_size")):
+        value = take(flag)
+        if value is not None:
+            setattr(t, name, value)
+            t.notes.append(f"{flag} {value} -> --{name.replace('_', '-')} {value}")
+    positions = take("--max-position-embeddings")
+    if positions is not None:
+        t.block_size = t.block_size or positions
+        if positions != t.block_size:
+            t.unsupported.append(f"--max-position-embeddings {positions}: minidist's position table has block_size "
+                                 f"= {t.block_size} rows")
+    padded, vocab = take("--padded-vocab-size"), take("--vocab-size")
+    vocab = padded or vocab
+    if vocab is not None:
+        t.vocab_size = vocab
+        t.unsupported.append(f"vocab size {vocab}: reported, not applied: the demo's byte-level data has "
+                             f"{DEMO_VOCAB} symbols")
+    ffn = take("--ffn-hidden-size")
+    if ffn is not None and t.n_embd is not None and ffn != 4 * t.n_embd:
+        t.unsupported.append(f"--ffn-hidden-size {ffn}: minidist's MLP is 4 x n_embd = {4 * t.n_embd}")
+    t.tie_weights = not take("--untie-embeddings-and-output-weights", bool)
+    if not t.tie_weights:
+        t.notes.append("--untie-embeddings-and-output-weights -> --untied (a separate LM head)")
+    for flag in ("--hidden-dropout", "--attention-dropout"):
+        value = take(flag, float, lo=0)
+        if value:  # Megatron's default is 0.1, minidist's 0
+            t.unsupported.append(f"{flag} {value:g}: the demo has one --dropout for all (0 keeps parallel = serial)")
+
+
+def _megatron_virtual(t: Translation, take, who: str) -> None:
+    """Interleaved 1F1B: v model chunks per pipeline rank, given as v or as layers per chunk."""
+    v, old_name = take("--num-virtual-stages-per-pipeline-rank"), take("--virtual-pipeline-model-parallel-size")
+    v = v or old_name
+    layers = take("--num-layers-per-virtual-pipeline-stage")
+    if layers is not None:
+        if t.n_layer is None or t.n_layer % (t.pp * layers):
+            raise ValueError(f"{who}: --num-layers-per-virtual-pipeline-stage {layers} needs --num-layers divisible "
+                             f"by pp={t.pp} x {layers} = {t.pp * layers}, got {t.n_layer}")
+        v = t.n_layer // (t.pp * layers)
+    if v and v > 1:
+        t.schedule, t.virtual_stages = "interleaved", v
+        t.notes.append(f"{v} virtual stages per pipeline rank -> --schedule interleaved --virtual-stages {v}")
+    elif t.pp > 1:
+        t.notes.append("pp > 1 without virtual stages: Megatron-LM's 1F1B -> --schedule 1f1b")
+
+
+def _megatron_optimizer(t: Translation, take) -> None:
+    kind = take("--optimizer", str)
+    if kind not in (None, "adam"):
+        t.unsupported.append(f"--optimizer {kind}: minidist has AdamW only; it trains with AdamW")
+    for flag, name in (("--lr", "lr"), ("--min-lr", "min_lr"), ("--weight-decay", "weight_decay"),
+                       ("--clip-grad", "clip")):
+        value = take(flag, float, lo=0)
+        if value is not None:
+            setattr(t, name, value)
+            t.notes.append(f"{flag} {value:g} -> {name}")
+    t.steps, t.warmup = take("--train-iters"), take("--lr-warmup-iters", lo=0)
+    fraction, decay_iters = take("--lr-warmup-fraction", float, lo=0), take("--lr-decay-iters")
+    if fraction is not None and (decay_iters or t.steps):
+        t.warmup = round(fraction * (decay_iters or t.steps))
+    elif fraction is not None:
+        t.unsupported.append(f"--lr-warmup-fraction {fraction:g}: a fraction of --train-iters, which is not given")
+    if t.steps is not None:
+        t.notes.append(f"--train-iters {t.steps} -> --steps {t.steps}")
+    if t.warmup is not None:
+        t.notes.append(f"warm-up {t.warmup} iterations -> warmup")
+    if decay_iters is not None and decay_iters != t.steps:
+        t.unsupported.append(f"--lr-decay-iters {decay_iters}: minidist decays over all {t.steps} steps")
+    style = take("--lr-decay-style", str)
+    if style == "constant" and t.lr is not None:
+        t.min_lr = t.lr
+        t.notes.append("--lr-decay-style constant -> min_lr = lr (minidist's cosine from lr to lr is constant)")
+    elif style == "cosine":
+        t.notes.append("--lr-decay-style cosine: minidist's schedule (linear warm-up, cosine decay)")
+    elif style is not None or t.lr is not None:
+        t.unsupported.append(f"--lr-decay-style {style or 'linear (Megatron-LM default)'}: minidist decays by cosine")
+    for flag, ours in (("--adam-beta1", BETAS[0]), ("--adam-beta2", BETAS[1]), ("--adam-eps", EPS)):
+        value = take(flag, float, lo=0)
+        if value is not None and value != ours:
+            t.unsupported.append(f"{flag} {value:g}: minidist's AdamW uses {ours:g}")

@@ -1,0 +1,194 @@
+"""The translation both readers produce, and the rules they share (chapter 9)."""
+from __future__ import annotations
+
+import argparse
+import math
+import shlex
+from dataclasses import dataclass, field
+
+from minidist.parallel.schedules import check_interleaved
+
+BETAS, EPS = (0.9, 0.95), 1e-8  # minidist's AdamW (train.make_optimizer)
+DEMO_VOCAB = 256                 # the demo's byte-level data
+LOW_PRECISION = "minidist trains in fp32/fp64 (chapter 10 shows fp16/bf16 numerics); the run stays fp32"
+NO_RECOMPUTE = "minidist keeps every activation for backward (no recomputation; chapter 11 describes it)"
+
+
+@dataclass
+class Translation:
+    """A framework's config as a minidist layout. Fields left None were not given."""
+    source: str                          # "DeepSpeed" or "Megatron-LM"
+    world_size: int
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    zero: int = 0
+    batch_size: int | None = None        # global: sequences per optimizer step
+    micro_batch_size: int | None = None  # per rank and micro-step
+    microbatches: int = 1                # pipeline micro-batches (pp > 1)
+    accumulation: int = 1                # gradient-accumulation micro-steps (pp == 1)
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+    sequence_parallel: bool | None = None
+    lr: float | None = None
+    min_lr: float | None = None
+    warmup: int | None = None
+    steps: int | None = None
+    weight_decay: float | None = None
+    clip: float | None = None
+    precision: str = "fp32"
+    bucket_kb: int | None = None
+    seed: int | None = None
+    n_layer: int | None = None
+    n_embd: int | None = None
+    n_head: int | None = None
+    block_size: int | None = None
+    vocab_size: int | None = None
+    tie_weights: bool | None = None
+    unsupported: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def demo_settings(self) -> dict:
+        """The demo's argparse attributes this config decides (dest -> value)."""
+        s = {axis: (getattr(self, axis) if getattr(self, axis) > 1 else None) for axis in ("dp", "tp", "pp")}
+        s["zero"] = self.zero or None
+        if self.pp > 1:
+            s.update(microbatches=self.microbatches, schedule=self.schedule)
+            if self.schedule == "interleaved":
+                s["virtual_stages"] = self.virtual_stages
+        else:
+            s["accumulation"] = self.accumulation
+        if self.sequence_parallel is not None:
+            s["sequence_parallel"] = self.sequence_parallel
+        for name in ("batch_size", "lr", "steps", "bucket_kb", "seed", "n_layer", "n_embd", "n_head", "block_size"):
+            if getattr(self, name) is not None:
+                s[name] = getattr(self, name)
+        if self.tie_weights is not None:
+            s["untied"] = not self.tie_weights
+        return s
+
+    def demo_flags(self) -> list[str]:
+        """The equivalent `python -m minidist.demo` flags (a flag at the demo's default is left out)."""
+        flags = []
+        for dest, value in self.demo_settings().items():
+            if value is None or value is False or (dest == "accumulation" and value == 1):
+                continue
+            flag = "--" + dest.replace("_", "-")
+            flags += [flag] if value is True else [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+        return flags
+
+    def apply(self, args, keep=frozenset()) -> None:
+        """Set the demo's argparse Namespace from this config; attributes named in `keep` (flags
+        the user gave on the command line, see `given_flags`) stay as they are."""
+        for dest, value in self.demo_settings().items():
+            if dest not in keep:
+                setattr(args, dest, value)
+
+    def optim_settings(self):
+        """minidist's OptimSettings with every value this config gives (the others: defaults)."""
+        from minidist.train import OptimSettings
+        given = {k: getattr(self, k) for k in ("lr", "min_lr", "warmup", "steps", "weight_decay", "clip")}
+        return OptimSettings(**{k: v for k, v in given.items() if v is not None})
+
+    def describe(self) -> str:
+        lines = [f"{self.source} on {self.world_size} ranks -> minidist mesh pp {self.pp} x dp {self.dp} x tp "
+                 f"{self.tp} (tp fastest)" + (f", ZeRO-{self.zero} over dp" if self.zero else "")
+                 + (", sequence parallel" if self.sequence_parallel else "")]
+        steps = (f"{self.microbatches} pipeline micro-batches ({self.schedule}"
+                 + (f", {self.virtual_stages} virtual stages" if self.schedule == "interleaved" else "") + ")"
+                 if self.pp > 1 else f"{self.accumulation} accumulation micro-step(s)")
+        lines.append(f"batch: {self.batch_size} sequences per step = {self.micro_batch_size} per rank x {steps} "
+                     f"x dp {self.dp}")
+        optim = [f"{k} {getattr(self, k):g}" for k in ("lr", "min_lr", "warmup", "steps", "weight_decay", "clip")
+                 if getattr(self, k) is not None]
+        if optim:
+            lines.append("optimizer: AdamW betas (0.9, 0.95), " + ", ".join(optim)
+                         + " (the demo applies lr and steps; optim_settings() carries the rest)")
+        lines.append(f"precision: {self.precision}" + ("" if self.precision == "fp32" else " asked; the run is fp32"))
+        model = [f"{k} {getattr(self, k)}" for k in ("n_layer", "n_embd", "n_head", "block_size", "vocab_size",
+                                                      "tie_weights") if getattr(self, k) is not None]
+        if model:
+            lines.append("model: " + ", ".join(model))
+        return "\n".join(lines)
+
+    def command(self) -> str:
+        launcher = f"mpirun -n {self.world_size} " if self.world_size > 1 else ""
+        return launcher + " ".join(["python -m minidist.demo", *map(shlex.quote, self.demo_flags())])
+
+
+def given_flags(parser: argparse.ArgumentParser, argv) -> set[str]:
+    """The dests of the flags that `argv` really gives (not defaulted): what `apply` should keep."""
+    unset = object()
+    namespace = argparse.Namespace(**{a.dest: unset for a in parser._actions if a.dest != argparse.SUPPRESS})
+    parser.parse_args(argv, namespace=namespace)
+    return {dest for dest, value in vars(namespace).items() if value is not unset}
+
+
+# ----------------------------------------------------------------------------- shared rules
+
+
+def checked_number(where: str, value, lo: float = 0.0, integer: bool = False, lo_open: bool = False):
+    """A config's number, checked: ValueError naming the key and the value otherwise."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if ok and integer:
+        ok = float(value).is_integer()
+    if not ok or value < lo or (lo_open and value == lo):
+        kind = "an integer" if integer else "a number"
+        raise ValueError(f"{where}: expected {kind} {'>' if lo_open else '>='} {lo:g}, got {value!r}")
+    return int(value) if integer else float(value)
+
+
+def data_parallel_size(world: int, tp: int, pp: int, who: str) -> int:
+    if world % (tp * pp):
+        raise ValueError(f"{who}: world size {world} is not divisible by tp={tp} x pp={pp} = {tp * pp}")
+    return world // (tp * pp)
+
+
+def batch_rule(dp: int, batch=None, micro=None, steps=None,
+               names=("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")):
+    """DeepSpeed's rule: batch = micro x steps x dp; any two given determine the third (with one
+    alone, steps = 1). Returns (batch, micro, steps); a ValueError names the numbers."""
+    b, m, s = names
+    if batch is None and micro is None:
+        raise ValueError(f"give {b} or {m} (with {s}, any two of the three determine the third)")
+    if batch is None:
+        return micro * (steps or 1) * dp, micro, steps or 1
+    if micro is not None and steps is not None:
+        if batch != micro * steps * dp:
+            raise ValueError(f"{b}={batch} != {m}={micro} x {s}={steps} x dp={dp} = {micro * steps * dp}")
+        return batch, micro, steps
+    known, name = (micro, m) if micro is not None else (steps or 1, s)
+    if batch % (known * dp):
+        raise ValueError(f"{b}={batch} is not divisible by {name}={known} x dp={dp} = {known * dp}")
+    return (batch, micro, batch // (micro * dp)) if micro is not None else (batch, batch // (known * dp), known)
+
+
+def finish_translation(t: Translation, who: str) -> Translation:
+    """The layout rules minidist keeps, whichever framework the config came from."""
+    if t.pp > 1 and t.zero >= 2:
+        raise ValueError(f"{who}: ZeRO stage {t.zero} with pp={t.pp} is refused (as DeepSpeed refuses it): a "
+                         f"pipeline keeps gradients across its {t.microbatches} micro-batches, so sharding them "
+                         "would repeat the data-parallel traffic per micro-batch; use stage 0 or 1")
+    if t.zero and t.dp == 1:
+        t.notes.append(f"ZeRO-{t.zero} over dp=1 has nothing to partition: minidist runs it as plain training")
+        t.zero = 0
+    if t.schedule == "interleaved":
+        if t.pp == 1:
+            raise ValueError(f"{who}: {t.virtual_stages} virtual pipeline stages need pp > 1, got pp={t.pp}")
+        try:
+            check_interleaved(t.pp, t.microbatches, t.virtual_stages)
+        except ValueError as error:
+            raise ValueError(f"{who}: {error}") from None
+    t.notes.append(f"mesh pp {t.pp} x dp {t.dp} x tp {t.tp} on {t.world_size} ranks, rank = (pp x {t.dp} + dp) x "
+                   f"{t.tp} + tp: Megatron's default order tp-cp-ep-dp-pp, the same grid")
+    return t
+
+
+def set_layout_steps(t: Translation, steps: int, what: str) -> None:
+    """A step's micro-steps are the pipeline's micro-batches (pp > 1) or gradient accumulation."""
+    if t.pp > 1:
+        t.microbatches = steps
+        t.notes.append(f"{what} {steps} -> --microbatches {steps} (pp={t.pp}: the pipeline's micro-batches)")
+    else:
+        t.accumulation = steps
+        t.notes.append(f"{what} {steps} -> --accumulation {steps} (pp=1: gradient-accumulation micro-steps)")
