@@ -42,6 +42,9 @@ ASSIGNMENTS = [
                "minidist/comm/algorithms.py all_reduce_ring and _ring_reduce_scatter_inplace",
                ("tests/test_comm_sim.py::test_ring_traffic_is_2_n_minus_1_over_n",
                 "tests/test_comm_sim.py::test_all_reduce_algorithms")),
+    Assignment("mesh_groups", 9, 2, 30, "minidist/parallel/mesh.py layout's members (a rank's group along one axis)",
+               ("tests/test_mesh.py::test_layout_groups_partition_the_world",
+                "tests/test_mesh.py::test_layout_of_eight_ranks_is_megatrons")),
 ]
 
 BY_NAME = {a.name: a for a in ASSIGNMENTS}

@@ -100,10 +100,13 @@ def layout(world_size: int, dp: int = 1, tp: int = 1, pp: int = 1) -> list[Place
     check_mesh(world_size, dp, tp, pp)
 
     def members(vary: str, at: tuple[int, int, int]) -> tuple[int, ...]:
+        """The world ranks of the group along axis `vary` through the cell `at` = (pp, dp, tp)."""
+        ### BEGIN SOLUTION assignment=mesh_groups
         size = {"pp": pp, "dp": dp, "tp": tp}[vary]
         axis = AXES.index(vary)
         cells = [at[:axis] + (i,) + at[axis + 1:] for i in range(size)]  # walk one axis, hold the others
         return tuple(rank_of(*cell, dp_size=dp, tp_size=tp) for cell in cells)
+        ### END SOLUTION
 
     table = []
     for rank in range(world_size):
