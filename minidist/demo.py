@@ -102,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="data parallelism: re-split the batch every step by each rank's speed (chapter 3, section 7)")
     p.add_argument("--algorithm", choices=["auto", *ALL_REDUCE], default="auto",
                    help="all-reduce algorithm of every strategy (chapter 7); auto: shared memory on one machine")
+    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
+                   help="compute in 16 bits with fp32 master weights (chapter 10); fp16 with a dynamic loss scale")
     p.add_argument("--kernels", choices=["fast", "plain"], default="fast",
                    help="the operations' code path (chapter 1): fused_fast.py, or fused.py as its formulas")
     p.add_argument("--json", metavar="PATH", help="write the run's measurements as JSON (rank 0)")
@@ -238,7 +240,7 @@ def run_facts(kind: str, args, config, world_size: int) -> dict:
     """What a checkpoint must agree on to be resumed bit for bit: strategy, ranks, model, dtype,
     and every flag that shapes the steps (the schedule's length too: the learning rate follows it)."""
     flags = ("steps", "batch_size", "lr", "seed", "data", "accumulation", "microbatches", "schedule",
-             "virtual_stages", "balance")
+             "virtual_stages", "balance", "precision")
     return {"strategy": kind, "world_size": world_size, "dtype": args.dtype, "config": config.to_dict(),
             **{name: getattr(args, name, None) for name in flags}}
 
@@ -333,7 +335,7 @@ def main(argv=None) -> int:
     kernels(args.kernels)
 
     report = {"world_size": world.size, "layout": layout, "dtype": args.dtype, "config": config.to_dict(),
-              "algorithm": args.algorithm, "kernels": args.kernels}
+              "algorithm": args.algorithm, "kernels": args.kernels, "precision": args.precision}
     with all_reduce_algorithm(args.algorithm):  # every strategy's all-reduces, unless it names one
         if kind is None:
             report["tour"] = tour(args, config, task, world)
@@ -348,16 +350,17 @@ def main(argv=None) -> int:
 def translate(parser, args, argv, world) -> None:
     """--deepspeed-config / --megatron-args: the config's layout becomes the flags (chapter 9);
     a flag given on the command line as well wins (e.g. --n-embd 32 to run a big model small)."""
+    if args.deepspeed_config is not None and args.megatron_args is not None:
+        faults.fail("give --deepspeed-config or --megatron-args, not both")
+    flag = "--deepspeed-config" if args.deepspeed_config is not None else "--megatron-args"
     try:
-        if args.deepspeed_config is not None and args.megatron_args is not None:
-            raise ValueError("give --deepspeed-config or --megatron-args, not both")
         if args.deepspeed_config is not None:
             translation = frameworks.from_deepspeed(args.deepspeed_config, world.size, pp=args.pp or 1,
                                                     tp=args.tp or 1)
         else:
             translation = frameworks.from_megatron(args.megatron_args, world.size)
     except ValueError as error:
-        faults.fail(str(error))
+        faults.fail(f"{flag}: {error}")
     translation.apply(args, keep=frameworks.given_flags(parser, argv))
     world.print0(translation.describe())
     for why in translation.unsupported:

@@ -22,7 +22,7 @@ import math
 import numpy as np
 
 from minidist.kernels import current
-from minidist.tensor import Function, Tensor
+from minidist.tensor import Function, Tensor, autocast_active
 
 
 def _chosen(plain):
@@ -36,7 +36,10 @@ def _chosen(plain):
 
 
 def _same_dtype(name, *tensors):
-    """Float tensors meeting in one operation must share a dtype (no silent float32 -> float64)."""
+    """Float tensors meeting in one operation must share a dtype (no silent float32 -> float64).
+    Under autocast (chapter 10) the policy decides each operation's dtypes instead."""
+    if autocast_active():
+        return
     dtypes = [t.dtype for t in tensors if t is not None and t.dtype.kind == "f"]
     for dtype in dtypes[1:]:
         if dtype != dtypes[0]:

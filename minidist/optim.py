@@ -102,7 +102,7 @@ class AdamW(Optimizer):
     defaults = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
 
     def update(self, param, grad, state, group):
-        if not state:
+        if "exp_avg" not in state:
             state["exp_avg"] = np.zeros_like(param)
             state["exp_avg_sq"] = np.zeros_like(param)
         adamw_update(param, grad, state["exp_avg"], state["exp_avg_sq"], self.step_count, **{

@@ -51,7 +51,7 @@ def choose(args, config, world_size: int) -> tuple[str | None, dict]:
     if len(given) > 1:  # a degree of 1 adds nothing: --dp 4 --tp 1 is --dp 4
         given = {name: degree for name, degree in given.items() if degree > 1} or {next(iter(given)): 1}
     if len(given) > 1:
-        return choose_mesh(args, config, world_size, given)
+        return low_precision_kind(*choose_mesh(args, config, world_size, given), args)
     if args.zero and "dp" not in given:
         raise ValueError("--zero needs --dp N (ZeRO partitions the data-parallel replicas)")
     if args.accumulation != 1 and ("dp" not in given or args.zero):
@@ -78,7 +78,23 @@ def choose(args, config, world_size: int) -> tuple[str | None, dict]:
     else:
         check_pipeline(config, args.batch_size, degree, args.microbatches, args.schedule, _virtual(args, args.schedule))
         kind = "mp" if args.microbatches == 1 and args.schedule != "interleaved" else f"pp-{args.schedule}"
-    return kind, layout
+    return low_precision_kind(kind, layout, args)
+
+
+def low_precision_kind(kind: str, layout: dict, args) -> tuple[str, dict]:
+    """Chapter 10: in bf16 or fp16, tensor and pipeline layouts run on the mesh trainer (which
+    carries the master weights and the loss scaler through every combination): "tp" becomes
+    "tp4", "pp-1f1b" "pp4". ZeRO's sharded optimizers have no master weights yet: refused."""
+    precision = getattr(args, "precision", "fp32")
+    if precision == "fp32" or kind in ("serial", "dp", "dp-naive"):
+        return kind, layout
+    if layout["zero"] or kind.startswith("zero"):
+        raise ValueError(f"--precision {precision} with --zero: ZeRO's sharded optimizers keep no fp32 master "
+                         "weights yet (16-bit training runs serial, --dp, --tp, --pp and their compositions)")
+    mesh = parse_mesh_name(kind)
+    if mesh is not None:
+        return kind, layout
+    return mesh_name(layout["dp"], layout["tp"], layout["pp"], sequence_parallel=kind == "tp-sp"), layout
 
 
 def choose_mesh(args, config, world_size: int, given: dict) -> tuple[str, dict]:
@@ -114,9 +130,10 @@ MESH_NAME = re.compile(r"(?:dp(\d+))?-?(?:tp(\d+))?-?(?:pp(\d+))?(-sp)?(?:-zero(
 
 
 def parse_mesh_name(kind: str) -> dict | None:
-    """{"dp", "tp", "pp", "sequence_parallel", "zero"} of a composed layout's name, else None."""
+    """{"dp", "tp", "pp", "sequence_parallel", "zero"} of a mesh trainer's name ("dp2-tp2", and
+    in 16 bits also "tp4" or "pp4"), else None. A plain "dp" never runs on the mesh."""
     match = MESH_NAME.fullmatch(kind)
-    if not match or sum(g is not None for g in match.groups()[:3]) < 2:
+    if not match or match.group(2) is None and match.group(3) is None:  # no tp, no pp: not a mesh
         return None
     dp, tp, pp, sp, zero = match.groups()
     return {"dp": int(dp or 1), "tp": int(tp or 1), "pp": int(pp or 1), "sequence_parallel": bool(sp),
@@ -134,7 +151,8 @@ def make_mesh_trainer(mesh: dict, args, config, task, world, settings):
         config, settings, task, args.batch_size, seed=args.seed, group=world, dp=mesh["dp"], tp=mesh["tp"],
         pp=mesh["pp"], microbatches=args.microbatches if pipeline else args.accumulation,
         schedule=args.schedule if pipeline else "1f1b", virtual_stages=_virtual(args, args.schedule) if pipeline else 1,
-        sequence_parallel=mesh["sequence_parallel"], bucket_cap_bytes=args.bucket_kb * 1024)
+        sequence_parallel=mesh["sequence_parallel"], bucket_cap_bytes=args.bucket_kb * 1024,
+        precision=getattr(args, "precision", "fp32"))
 
 
 def make_trainer(kind: str, args, config, task, world):
@@ -143,12 +161,14 @@ def make_trainer(kind: str, args, config, task, world):
     mesh = parse_mesh_name(kind)
     if mesh is not None:
         return make_mesh_trainer(mesh, args, config, task, world, settings)
+    precision = getattr(args, "precision", "fp32")
     if kind == "serial":
-        return SerialTrainer(config, settings, task, args.batch_size, **common)
+        return SerialTrainer(config, settings, task, args.batch_size, precision=precision, **common)
     if kind in ("dp", "dp-naive"):
         trainer = BalancedDataParallelTrainer if getattr(args, "balance", False) else DataParallelTrainer
         return trainer(config, settings, task, args.batch_size, group=world, overlap=kind == "dp",
-                       bucket_cap_bytes=args.bucket_kb * 1024, accumulation=args.accumulation, **common)
+                       bucket_cap_bytes=args.bucket_kb * 1024, accumulation=args.accumulation,
+                       precision=precision, **common)
     if kind in ("tp", "tp-sp"):
         return TensorParallelTrainer(config, settings, task, args.batch_size, group=world,
                                      sequence_parallel=kind == "tp-sp", **common)
@@ -191,6 +211,11 @@ def tour_plan(args, config, world_size: int) -> tuple[list, list[str]]:
         except ValueError as why:
             skipped.append(f"pp-interleaved: {why}")
     plan += [(kind, layout, None) for kind, layout in mesh_plan(args, config, n)]
+    if getattr(args, "precision", "fp32") != "fp32":  # chapter 10: ZeRO rows wait for master weights
+        skipped += [f"{kind}: --precision {args.precision} with ZeRO is not built yet" for kind, _, _ in plan
+                    if kind.startswith("zero")]
+        plan = [(low_precision_kind(kind, layout, args)[0], layout, ranks) for kind, layout, ranks in plan
+                if not kind.startswith("zero")]
     return plan, skipped
 
 

@@ -20,11 +20,12 @@ import contextlib
 import time
 from collections import defaultdict
 
+import ml_dtypes
 import numpy as np
 
 # ----------------------------------------------------------------------------- dtypes
 
-_FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+_FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float32), np.dtype(np.float64))
 _default_dtype = np.dtype(np.float32)
 
 
@@ -94,6 +95,18 @@ def is_grad_enabled() -> bool:
 # ----------------------------------------------------------------------------- profiling
 
 _profile: dict | None = None
+_autocast = None  # a precision.Policy while `precision.autocast(...)` is active (chapter 10)
+
+
+def set_autocast(policy):
+    """Install a low-precision policy (or None); returns the previous one. See precision.py."""
+    global _autocast
+    previous, _autocast = _autocast, policy
+    return previous
+
+
+def autocast_active() -> bool:
+    return _autocast is not None
 
 
 @contextlib.contextmanager
@@ -125,6 +138,7 @@ class Context:
     def __init__(self):
         self.saved: tuple = ()
         self.needs_input_grad: tuple = ()
+        self.compute_dtype = None  # set under autocast: backward runs in it too (precision.py)
 
     def save_for_backward(self, *arrays) -> None:
         self.saved = arrays
@@ -164,6 +178,10 @@ class Function:
         ctx = Context()
         track = _grad_enabled and any(isinstance(a, Tensor) and a.requires_grad for a in args)
         ctx.needs_input_grad = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
+        out_dtype = None
+        if _autocast is not None:  # chapter 10: compute in fp32, store in the policy's format
+            arrays, out_dtype = _autocast.prepare(cls, arrays)
+            ctx.compute_dtype = None if out_dtype is None else np.dtype(np.float32)
         if _profile is None:
             out = cls.forward(ctx, *arrays, **kwargs)
         else:
@@ -172,6 +190,8 @@ class Function:
             entry = _profile[cls.__name__]
             entry[0] += time.perf_counter() - start
             entry[2] += 1
+        if out_dtype is not None and out.dtype != out_dtype:
+            out = out.astype(out_dtype)
         result = Tensor(out)
         if track:
             result.requires_grad = True
@@ -332,6 +352,8 @@ def _run_backward(root: Tensor, grad: np.ndarray) -> None:
         fn, ctx, inputs = tensor._fn, tensor._ctx, tensor._inputs
         # the graph is used once: free it (and its saved activations) as we go
         tensor._fn, tensor._ctx, tensor._inputs, tensor._freed = None, None, (), True
+        if g is not None and ctx.compute_dtype is not None and g.dtype != ctx.compute_dtype:
+            g = g.astype(ctx.compute_dtype)  # backward computes as forward did; _accumulate rounds back
         if g is None:  # no gradient reached this tensor: its inputs get none from it either
             input_grads = (None,) * len(inputs)
         elif _profile is None:

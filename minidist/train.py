@@ -16,8 +16,11 @@ import numpy as np
 
 from minidist import memory
 from minidist.data import accuracy
+from minidist.loss_scale import DynamicLossScaler
+from minidist.mixed_precision import MixedPrecisionAdamW, finish_step, to_low_precision
 from minidist.model import GPT, GPTConfig
 from minidist.optim import AdamW, clip_grad_norm_, lr_at, set_lr, weight_decay_groups
+from minidist.precision import autocast
 from minidist.tensor import graph_bytes
 
 
@@ -34,8 +37,19 @@ class OptimSettings:
         return lr_at(step, self.lr, self.warmup, self.steps, self.min_lr)
 
 
-def make_optimizer(model, settings: OptimSettings) -> AdamW:
-    return AdamW(weight_decay_groups(model, settings.weight_decay), lr=settings.lr, betas=(0.9, 0.95))
+def make_optimizer(model, settings: OptimSettings, masters: dict | None = None) -> AdamW:
+    """AdamW over the model's parameters; with `masters` (fp32 copies of low-precision weights,
+    `mixed_precision.to_low_precision`), the mixed-precision AdamW that updates them (chapter 10)."""
+    groups = weight_decay_groups(model, settings.weight_decay)
+    if masters is not None:
+        return MixedPrecisionAdamW(groups, masters, lr=settings.lr, betas=(0.9, 0.95))
+    return AdamW(groups, lr=settings.lr, betas=(0.9, 0.95))
+
+
+def make_scaler(precision: str, growth_interval: int = 2000) -> DynamicLossScaler:
+    """The loss scaler of a precision: dynamic for fp16; none (disabled) for fp32 and bf16, whose
+    8-bit exponent reaches as low as fp32's (chapter 10)."""
+    return DynamicLossScaler(growth_interval=growth_interval, enabled=precision == "fp16")
 
 
 def clip_and_step(optimizer, params, settings: OptimSettings, step: int, total_norm: float | None = None) -> float:
@@ -94,23 +108,34 @@ class SerialTrainer(Trainer):
 
     name = "serial"
 
-    def __init__(self, config: GPTConfig, settings: OptimSettings, task, batch_size: int, seed: int = 0):
+    def __init__(self, config: GPTConfig, settings: OptimSettings, task, batch_size: int, seed: int = 0,
+                 precision: str = "fp32", scaler: DynamicLossScaler | None = None):
         self.task, self.batch_size = task, batch_size
         self.model = GPT(config, seed=seed)
-        self.settings = settings
-        self.optimizer = make_optimizer(self.model, settings)
+        self.settings, self.precision = settings, precision
+        masters = to_low_precision(self.model, precision) if precision != "fp32" else None
+        self.optimizer = make_optimizer(self.model, settings, masters)
+        self.scaler = scaler or make_scaler(precision)
         self.activation_bytes = 0
 
     def step(self, step: int):
         """One optimizer step on this step's batch; returns (loss, accuracy)."""
         x, y = self.task.get_batch(step, self.batch_size)
-        logits, loss = self.model(x, y)
+        with autocast(self.precision):  # fp32: nothing changes
+            logits, loss = self.model(x, y)
         if not self.activation_bytes:  # every step builds the same graph: measure it once
             self.activation_bytes = graph_bytes(loss)
         self.optimizer.zero_grad()  # the optimizer's list of the parameters: no walk of the modules
-        loss.backward()
-        clip_and_step(self.optimizer, self.optimizer.params(), self.settings, step)
-        return loss.item(), accuracy(logits.data, y)
+        if self.precision == "fp32":
+            loss.backward()
+            clip_and_step(self.optimizer, self.optimizer.params(), self.settings, step)
+        else:
+            self.scaler.scale_loss(loss).backward()
+            finish_step(self.optimizer, self.scaler, self.settings, step)
+        return loss.item(), accuracy(np.asarray(logits.data, dtype=np.float32), y)
+
+    def report(self) -> dict:
+        return precision_report(self.precision, self.scaler)
 
     def memory(self) -> dict:
         return memory.ledger(self.model, self.optimizer, self.activation_bytes)
@@ -124,10 +149,30 @@ class SerialTrainer(Trainer):
         return self.model.state_dict()
 
     def checkpoint_state(self) -> dict[str, np.ndarray]:
-        return training_state(self.model, self.optimizer)
+        return {**training_state(self.model, self.optimizer), **scaler_state(self.scaler)}
 
     def load_checkpoint_state(self, state: dict[str, np.ndarray]) -> None:
-        load_training_state(self.model, self.optimizer, state)
+        load_training_state(self.model, self.optimizer, {k: v for k, v in state.items() if not k.startswith("scaler.")})
+        load_scaler_state(self.scaler, state)
+
+
+def scaler_state(scaler) -> dict[str, np.ndarray]:
+    """The loss scaler's state as `scaler.<key>` arrays (none when it is disabled)."""
+    return {f"scaler.{k}": np.asarray(v) for k, v in scaler.state_dict().items()} if scaler.enabled else {}
+
+
+def load_scaler_state(scaler, state: dict[str, np.ndarray]) -> None:
+    if scaler.enabled:
+        scaler.load_state_dict({k[len("scaler."):]: v for k, v in state.items() if k.startswith("scaler.")})
+
+
+def precision_report(precision: str, scaler) -> dict:
+    """The demo's --json keys of a run's precision: the format, and the loss scale's history."""
+    if precision == "fp32":
+        return {}
+    return {"precision": precision, "loss_scale": [{"step": s, "scale": scale, "skipped": skipped}
+                                                   for s, scale, skipped in scaler.history],
+            "skipped_steps": [s for s, _, skipped in scaler.history if skipped]}
 
 
 # ----------------------------------------------------------------------------- the training state
@@ -140,8 +185,11 @@ def training_state(model, optimizer) -> dict[str, np.ndarray]:
     state = {f"param.{name}": p.data for name, p in model.named_parameters()}
     names = {id(p): name for name, p in model.named_parameters()}
     for p, moments in zip(optimizer.params(), optimizer.state):
+        master = moments.get("master")  # mixed precision: the fp32 weight the update continues from
         for key in ("exp_avg", "exp_avg_sq"):
-            state[f"optimizer.{names[id(p)]}.{key}"] = moments.get(key, np.zeros_like(p.data))
+            state[f"optimizer.{names[id(p)]}.{key}"] = moments.get(key, np.zeros_like(p.data if master is None else master))
+        if master is not None:
+            state[f"optimizer.{names[id(p)]}.master"] = master
     state["optimizer.step"] = np.array(optimizer.step_count)
     return {**state, **generator_states(model)}
 
@@ -154,7 +202,8 @@ def load_training_state(model, optimizer, state: dict[str, np.ndarray]) -> None:
         p.data[...] = state[f"param.{name}"]
     names = {id(p): name for name, p in model.named_parameters()}
     for i, p in enumerate(optimizer.params()):
-        optimizer.state[i] = {key: state[f"optimizer.{names[id(p)]}.{key}"].copy() for key in ("exp_avg", "exp_avg_sq")}
+        keys = ("exp_avg", "exp_avg_sq") + (("master",) if "master" in optimizer.state[i] else ())
+        optimizer.state[i] = {key: state[f"optimizer.{names[id(p)]}.{key}"].copy() for key in keys}
     optimizer.step_count = int(state["optimizer.step"])
     load_generator_states(model, state)
 

@@ -57,6 +57,10 @@ CASES = [  # (program, flag, arguments, ranks)
     (DEMO, "--save", ["--save", "w.npz"], 2),  # the tour keeps no weights
     (DEMO, "--checkpoint", ["--checkpoint", "ckpt"], 2),  # nor checkpoints
     (DEMO, "--checkpoint-every", ["--checkpoint-every", "0"], 1),
+    (DEMO, "--precision", ["--precision", "fp8"], 1),
+    (DEMO, "--precision", ["--precision", "bf16", "--dp", "2", "--zero", "1"], 2),
+    (DEMO, "--deepspeed-config", ["--deepspeed-config", "no/such.json"], 1),
+    (DEMO, "--megatron-args", ["--megatron-args=--tensor-model-parallel-size 3"], 1),
     (MEMORY, "--params", ["--params", "1e30"], 1),
     (MEMORY, "--params", ["--params", "1e400"], 1),
     (MEMORY, "--params", ["--params", "abc"], 1),

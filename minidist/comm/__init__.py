@@ -16,8 +16,8 @@ nothing of models. Read it in this order, one idea per file:
     launch.py        run a function on N real MPI ranks from a test or a notebook
     sim.py           the same algorithms in one process, step by step (for notebooks)
 """
-from minidist.comm.collectives import (Work, all_gather, all_reduce, all_reduce_algorithm, all_to_all, barrier,
-                                       broadcast, choose_all_reduce, reduce, reduce_scatter)
+from minidist.comm.collectives import (Work, all_gather, all_reduce, all_reduce_algorithm, all_to_all, any_rank,
+                                       barrier, broadcast, choose_all_reduce, reduce, reduce_scatter)
 from minidist.comm.consistency import CollectiveMismatch, set_check, unchecked
 from minidist.comm.p2p import (CommTimeout, Request, irecv, isend, recv, send, sendrecv, set_wait_policy, wait,
                                wait_policy)

@@ -189,7 +189,8 @@ def _flat(array: np.ndarray, name: str) -> np.ndarray:
 def _op(op: str, dtype, name: str):
     if op not in OPS:
         raise ValueError(f"{name}: unknown op {op!r}; choose from {sorted(OPS)}")
-    if op == "avg" and not np.issubdtype(dtype, np.floating):
+    floating = np.issubdtype(dtype, np.floating) or np.dtype(dtype).name == "bfloat16"  # ml_dtypes' (chapter 10)
+    if op == "avg" and not floating:
         raise TypeError(f"{name}: op='avg' needs a floating dtype, got {dtype} (use 'sum' and divide)")
     return OPS[op]
 
@@ -403,6 +404,14 @@ def barrier(group: World | None = None, timeout=None):
     world.open_collectives(timeout)  # a first collective duplicates the communicator: same timeout
     ctx = _Ctx(world, "barrier.dissemination")
     Work(ctx, alg.barrier_dissemination(ctx), None).wait(timeout)
+
+
+def any_rank(flag: bool, group: World | None = None) -> bool:
+    """True on every rank if `flag` is true on any (an all-reduce MAX of one number): how ranks
+    that each saw part of the gradients agree to skip a step together (chapter 10)."""
+    value = np.array([1.0 if flag else 0.0])
+    all_reduce(value, op="max", group=group)
+    return bool(value[0])
 
 
 def _check_root(world, root, name):

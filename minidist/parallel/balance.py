@@ -121,7 +121,7 @@ class BalancedDataParallelTrainer(DataParallelTrainer):
         return super().step(step)
 
     def report(self) -> dict:
-        return {"rows_per_rank": self.splits}  # the demo's --json key
+        return {**super().report(), "rows_per_rank": self.splits}  # the demo's --json key
 
     def checkpoint_state(self) -> dict[str, np.ndarray]:
         """The replica's state, and the balancer's: the next split and the smoothed speeds."""

@@ -45,9 +45,10 @@ import math
 import numpy as np
 
 from minidist import memory
-from minidist.comm import all_gather, all_reduce, reduce_scatter
+from minidist.comm import all_gather, all_reduce, any_rank, reduce_scatter
 from minidist.comm.world import World, resolve
 from minidist.data import accuracy
+from minidist.mixed_precision import finish_step, to_low_precision
 from minidist.model import GPTConfig
 from minidist.parallel.data_parallel import DistributedDataParallel
 from minidist.parallel.mesh import DeviceMesh, check_mesh, layout
@@ -55,8 +56,11 @@ from minidist.parallel.pipeline import PipelineStage, PipelineTrainer, check_lay
 from minidist.parallel.tensor_parallel import check_tensor_parallel, consolidate_state_dict, vocab_parallel_accuracy
 from minidist.parallel.tensor_stage import SequenceParallelStage, TensorParallelStage
 from minidist.parallel.zero_partition import FlatUnit, ShardedAdamW
+from minidist.precision import autocast
 from minidist.tensor import get_default_dtype
-from minidist.train import OptimSettings, check_arrays, generator_states, load_generator_states
+from minidist.train import (OptimSettings, check_arrays, generator_states, load_generator_states, load_scaler_state,
+                            load_training_state, make_optimizer, make_scaler, precision_report, scaler_state,
+                            training_state)
 
 
 def check_composed(config: GPTConfig, world_size: int, batch_size: int, dp: int = 1, tp: int = 1, pp: int = 1,
@@ -86,13 +90,16 @@ class MeshTrainer(PipelineTrainer):
     def __init__(self, config: GPTConfig, settings: OptimSettings, task, batch_size: int, seed: int = 0,
                  group: World | None = None, dp: int = 1, tp: int = 1, pp: int = 1, microbatches: int = 1,
                  schedule: str = "1f1b", virtual_stages: int | None = None, sequence_parallel: bool = False,
-                 bucket_cap_bytes: int = 1 << 20):
+                 bucket_cap_bytes: int = 1 << 20, precision: str = "fp32"):
         world = resolve(group)
+        if precision != "fp32" and self.zero:
+            raise ValueError(f"--precision {precision} with ZeRO inside a mesh is not built yet: use --zero 0")
         v = virtual_stages if virtual_stages is not None else (2 if schedule == "interleaved" else 1)
         check_composed(config, world.size, batch_size, dp, tp, pp, microbatches, schedule, v, sequence_parallel,
                        self.zero)
         self.mesh = mesh = DeviceMesh(world, dp=dp, tp=tp, pp=pp)
-        self.sequence_parallel = sequence_parallel
+        self.sequence_parallel, self.precision = sequence_parallel, precision
+        self.scaler = make_scaler(precision)
         # every tensor-parallel message's size follows from these facts: checked once (chapter 7)
         self.tp_group = mesh.tp_group.verify("the tensor-parallel layout",
                                              [config, tp, get_default_dtype().str, sequence_parallel])
@@ -104,9 +111,16 @@ class MeshTrainer(PipelineTrainer):
 
     def build_stage(self, config: GPTConfig, seed: int, virtual_stages: int):
         if self.mesh.tp == 1:
-            return PipelineStage(config, self.rank, self.stages, seed, virtual_stages)
-        stage = SequenceParallelStage if self.sequence_parallel else TensorParallelStage
-        return stage(config, self.tp_group, self.rank, self.stages, seed, virtual_stages)
+            stage = PipelineStage(config, self.rank, self.stages, seed, virtual_stages)
+        else:
+            kind = SequenceParallelStage if self.sequence_parallel else TensorParallelStage
+            stage = kind(config, self.tp_group, self.rank, self.stages, seed, virtual_stages)
+        # chapter 10: 16-bit weights, so 16-bit activations between stages and 16-bit gradients
+        self.masters = to_low_precision(stage, self.precision) if self.precision != "fp32" else None
+        return stage
+
+    def build_optimizer(self, settings: OptimSettings):
+        return make_optimizer(self.stage, settings, self.masters)
 
     def build_data_parallel(self, bucket_cap_bytes: int) -> None:
         """Chapter 3's bucketed wrapper over the dp group, around this rank's stage shard."""
@@ -132,7 +146,15 @@ class MeshTrainer(PipelineTrainer):
         """With sequence parallelism a stage hands on its T/t tokens only."""
         return (rows, length // self.mesh.tp if self.sequence_parallel else length, self.config.n_embd)
 
+    def _forward(self, i: int, c: int = 0):
+        with autocast(self.precision):  # fp32: nothing changes
+            super()._forward(i, c)
+
+    def backward_loss(self, loss):
+        return self.scaler.scale_loss(super().backward_loss(loss))  # fp32 and bf16: no scaling
+
     def accuracy(self, logits: np.ndarray, targets) -> float:
+        logits = np.asarray(logits, dtype=np.float32) if self.precision != "fp32" else logits
         if self.mesh.tp == 1:
             return accuracy(logits, targets)
         return vocab_parallel_accuracy(logits, targets, self.tp_group, self.stage.vocab_start_index())
@@ -164,15 +186,37 @@ class MeshTrainer(PipelineTrainer):
         return getattr(p, "tensor_model_parallel", False) or self.mesh.place.tp == 0
 
     def _global_grad_norm(self) -> float:
-        squared = np.array([sum(float(np.dot(p.grad.ravel(), p.grad.ravel())) for p in self.stage.parameters()
-                                if p.grad is not None and self.counted_in_norm(p))])
+        if self.precision != "fp32":
+            return float("nan")  # taken in update, of the unscaled fp32 gradients
+        params = self.stage.parameters()
+        return self.norm_of(params, [p.grad for p in params])
+
+    def norm_of(self, params: list, grads: list) -> float:
+        """The whole model's gradient norm from this rank's `grads` (of `params`)."""
+        squared = np.array([sum(float(np.dot(g.ravel(), g.ravel())) for p, g in zip(params, grads)
+                                if g is not None and self.counted_in_norm(p))])
         all_reduce(squared, op="sum", group=self.tp_group)
         all_reduce(squared, op="sum", group=self.group)
         return math.sqrt(squared[0])
 
+    def update(self, total_norm: float) -> None:
+        if self.precision == "fp32":
+            return super().update(total_norm)
+        # every rank holds a piece of the gradients: all skip together, or none (chapter 10)
+        finish_step(self.optimizer, self.scaler, self.settings, self.step_index,
+                    agree=lambda found_inf: any_rank(found_inf, self.mesh.world),
+                    norm=lambda grads: self.norm_of(self.optimizer.params(), grads))
+
+    def checkpoint_state(self) -> dict[str, np.ndarray]:
+        return {**training_state(self.stage, self.optimizer), **scaler_state(self.scaler)}
+
+    def load_checkpoint_state(self, state: dict[str, np.ndarray]) -> None:
+        load_training_state(self.stage, self.optimizer, {k: v for k, v in state.items() if not k.startswith("scaler.")})
+        load_scaler_state(self.scaler, state)
+
     # -- reports and state
     def report(self) -> dict:
-        report = {"mesh": mesh_report(self.mesh)}
+        report = {"mesh": mesh_report(self.mesh), **precision_report(self.precision, self.scaler)}
         if self.stages > 1:
             report["pipeline"] = self.pipeline_report()
         return report

@@ -34,14 +34,16 @@ import time
 import numpy as np
 
 from minidist import memory
-from minidist.comm import all_reduce, broadcast
+from minidist.comm import all_reduce, any_rank, broadcast
 from minidist.comm.world import World, resolve
 from minidist.data import accuracy
+from minidist.mixed_precision import finish_step, to_low_precision
 from minidist.model import GPT, GPTConfig
+from minidist.precision import autocast
 from minidist.tensor import graph_bytes
 from minidist.timeline import Timeline
-from minidist.train import (OptimSettings, Trainer, clip_and_step, load_training_state, make_optimizer,
-                            training_state)
+from minidist.train import (OptimSettings, Trainer, clip_and_step, load_scaler_state, load_training_state,
+                            make_optimizer, make_scaler, precision_report, scaler_state, training_state)
 
 
 class NaiveDistributedDataParallel:
@@ -236,7 +238,8 @@ class DataParallelTrainer(Trainer):
 
     def __init__(self, config: GPTConfig, settings: OptimSettings, task, batch_size: int, seed: int = 0,
                  group: World | None = None, overlap: bool = True, bucket_cap_bytes: int = 1 << 20,
-                 accumulation: int = 1, algorithm: str | None = None, rows: list[int] | None = None):
+                 accumulation: int = 1, algorithm: str | None = None, rows: list[int] | None = None,
+                 precision: str = "fp32"):
         self.world = resolve(group)
         dp = self.world.size
         if rows is None and batch_size % (dp * accumulation):
@@ -250,14 +253,17 @@ class DataParallelTrainer(Trainer):
         # the statistics' all-reduce closing every step follows from these: checked once (chapter 7)
         self.group = self.world.verify("the data-parallel step", [type(self).__name__, batch_size, accumulation,
                                                                   self.rows])
-        self.settings = settings
+        self.settings, self.precision = settings, precision
         self.timeline = Timeline()
         self.model = GPT(config, seed=seed)
+        # chapter 10: 16-bit weights (so 16-bit gradients, and buckets) before DDP sees them
+        masters = to_low_precision(self.model, precision) if precision != "fp32" else None
         if overlap:
             self.ddp = DistributedDataParallel(self.model, self.world, bucket_cap_bytes, algorithm, self.timeline)
         else:
             self.ddp = NaiveDistributedDataParallel(self.model, self.world, algorithm, self.timeline)
-        self.optimizer = make_optimizer(self.model, settings)
+        self.optimizer = make_optimizer(self.model, settings, masters)
+        self.scaler = make_scaler(precision)
         self.activation_bytes = 0
 
     def step(self, step: int):
@@ -279,21 +285,25 @@ class DataParallelTrainer(Trainer):
             sync = contextlib.nullcontext() if i == k - 1 else self.ddp.no_sync()
             share = len(mx) / B  # of the global batch: the loss is a mean over all B rows
             with sync:
-                with self.timeline.span(f"forward {i}", "forward"):
+                with self.timeline.span(f"forward {i}", "forward"), autocast(self.precision):
                     logits, loss = self.ddp(mx, my)
                 if not self.activation_bytes:  # every step builds the same graph: measure it once
                     self.activation_bytes = graph_bytes(loss)
                 with self.timeline.span(f"backward {i}", "backward"):
                     # the all-reduce averages (sums and divides by dp), so scale by share x dp:
                     # 1/k for an even split, as one big batch
-                    (loss * (len(mx) * dp / B)).backward()
+                    self.scaler.scale_loss(loss * (len(mx) * dp / B)).backward()
             loss_sum += loss.item() * share
-            acc_sum += accuracy(logits.data, my) * share
+            acc_sum += accuracy(np.asarray(logits.data, dtype=np.float32), my) * share
         return loss_sum, acc_sum
 
     def optimizer_step(self, step: int) -> None:
         with self.timeline.span("optimizer", "optimizer"):
-            clip_and_step(self.optimizer, self.optimizer.params(), self.settings, step)
+            if self.precision == "fp32":
+                clip_and_step(self.optimizer, self.optimizer.params(), self.settings, step)
+            else:  # the replicas hold equal gradients, but they agree on the skip all the same
+                finish_step(self.optimizer, self.scaler, self.settings, step,
+                            agree=lambda found_inf: any_rank(found_inf, self.group))
 
     def sum_over_ranks(self, values: list[float]) -> np.ndarray:
         """Every rank's `values` added up (float64): the step's global loss and accuracy."""
@@ -317,7 +327,11 @@ class DataParallelTrainer(Trainer):
 
     def checkpoint_state(self) -> dict[str, np.ndarray]:
         """This replica's whole training state (every rank holds a full copy: each writes its own)."""
-        return training_state(self.model, self.optimizer)
+        return {**training_state(self.model, self.optimizer), **scaler_state(self.scaler)}
 
     def load_checkpoint_state(self, state: dict[str, np.ndarray]) -> None:
-        load_training_state(self.model, self.optimizer, state)
+        load_training_state(self.model, self.optimizer, {k: v for k, v in state.items() if not k.startswith("scaler.")})
+        load_scaler_state(self.scaler, state)
+
+    def report(self) -> dict:
+        return precision_report(self.precision, self.scaler)

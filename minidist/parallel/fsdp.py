@@ -112,6 +112,8 @@ class RunInBackward(Function):
     """Identity in forward; when backward reaches it, it first runs the `action` it was handed
     (a unit's gather or release: the engine has no hook on "a block's backward begins")."""
 
+    autocast = "pass"  # chapter 10 (messages carry the tensor's own format)
+
     @staticmethod
     def forward(ctx, x, action):
         ctx.action = action

@@ -182,7 +182,7 @@ class PipelineTrainer(Trainer):
         self.schedule = S.make_schedule(schedule, self.rank, self.stages, microbatches, v)
         self.stage = self.build_stage(config, seed, v)
         self.dtype = self.stage.parameters()[0].dtype  # activations travel in the model's dtype
-        self.optimizer = make_optimizer(self.stage, settings)
+        self.optimizer = self.build_optimizer(settings)
         self.timeline = Timeline()
         self.bubbles: list[float] = []  # measured per step
         self.peak_count = [0] * self.stages  # most micro-batches of activations held, per rank
@@ -191,6 +191,9 @@ class PipelineTrainer(Trainer):
     def build_stage(self, config: GPTConfig, seed: int, virtual_stages: int) -> Module:
         """This rank's part of the model (a mesh builds it from tensor-parallel layers)."""
         return PipelineStage(config, self.rank, self.stages, seed, virtual_stages)
+
+    def build_optimizer(self, settings: OptimSettings):
+        return make_optimizer(self.stage, settings)
 
     # -- one step ------------------------------------------------------------------------------
     def step(self, step: int):
@@ -219,6 +222,11 @@ class PipelineTrainer(Trainer):
     def accuracy(self, logits: np.ndarray, targets) -> float:
         return accuracy(logits, targets)
 
+    def backward_loss(self, loss):
+        """What backward starts from: loss / m, since the mean over micro-batches is the mean
+        over the batch (a mesh in fp16 also multiplies by the loss scale)."""
+        return loss * (1.0 / self.microbatches)
+
     # Everything in flight is keyed by (micro-batch, chunk); without interleaving the chunk is 0.
     def _forward(self, i: int, c: int = 0):
         label = f"forward {i}" + (f".{c}" if self.virtual_stages > 1 else "")
@@ -228,7 +236,7 @@ class PipelineTrainer(Trainer):
                 logits, loss = self.stage(x, self.micro_y[i], chunk=c)
                 self.losses.append(loss.item())
                 self.accuracies.append(self.accuracy(logits.data, self.micro_y[i]))
-                out = loss * (1.0 / self.microbatches)  # mean over micro-batches = mean over the batch
+                out = self.backward_loss(loss)
             else:
                 out = self.stage(x, chunk=c)
             self.outputs[i, c] = out

@@ -100,6 +100,8 @@ class ScatterToSequenceParallelRegion(Function):
     dL/dX[:, chunk r] = dL/dx_r, which lives on rank r. X was replicated (everything before it
     runs the same on every rank), so every rank needs all of dL/dX: an all-gather."""
 
+    autocast = "pass"  # chapter 10 (messages carry the tensor's own format)
+
     @staticmethod
     def forward(ctx, x, group):
         ctx.group = group
@@ -119,6 +121,8 @@ class GatherFromSequenceParallelRegion(Function):
     x_q appears in every rank's copy of X, so dL/dx_q = Σ_r dL_r/dX[:, chunk q]: the sum over
     ranks, of chunk q only, delivered to rank q — a reduce-scatter."""
 
+    autocast = "pass"  # chapter 10 (messages carry the tensor's own format)
+
     @staticmethod
     def forward(ctx, x, group):
         ctx.group = group
@@ -136,6 +140,8 @@ class ReduceScatterToSequenceParallelRegion(Function):
     y_q = (Σ_r Y_r)[:, chunk q], so dL/dY_r[:, chunk q] = dL/dy_q for every r: each rank's
     partial sum needs the gradient of *every* chunk, and chunk q's gradient lives on rank q — an
     all-gather. (The transpose of "sum, then keep chunk q" is "take every chunk, copy to all".)"""
+
+    autocast = "pass"  # chapter 10 (messages carry the tensor's own format)
 
     @staticmethod
     def forward(ctx, x, group):

@@ -72,6 +72,8 @@ class CopyToTensorParallelRegion(Function):
     contributes only its share of dL/dx (through its slice of the weight); the sum is the
     whole gradient, which every rank needs to continue backward through replicated layers."""
 
+    autocast = "pass"  # chapter 10 (messages carry the tensor's own format)
+
     @staticmethod
     def forward(ctx, x, group):
         ctx.group = group
@@ -92,6 +94,8 @@ class ReduceFromTensorParallelRegion(Function):
     The output feeds replicated layers on every rank, so its gradient is already the same on
     every rank and is exactly the gradient of each partial sum (d(y_1+...+y_t)/dy_r = 1)."""
 
+    autocast = "pass"  # chapter 10 (messages carry the tensor's own format)
+
     @staticmethod
     def forward(ctx, x, group):
         ### BEGIN SOLUTION assignment=tensor_parallel_f_g
@@ -106,6 +110,8 @@ class ReduceFromTensorParallelRegion(Function):
 class GatherFromTensorParallelRegion(Function):
     """All-gather along the last axis forward; backward keeps this rank's slice of the gradient."""
 
+    autocast = "pass"  # chapter 10 (messages carry the tensor's own format)
+
     @staticmethod
     def forward(ctx, x, group):
         ctx.group = group
@@ -118,6 +124,8 @@ class GatherFromTensorParallelRegion(Function):
 
 class ScatterToTensorParallelRegion(Function):
     """Keep this rank's slice of the last axis forward; all-gather the gradient backward."""
+
+    autocast = "pass"  # chapter 10 (messages carry the tensor's own format)
 
     @staticmethod
     def forward(ctx, x, group):
@@ -276,6 +284,8 @@ class VocabParallelCrossEntropy(Function):
     all-reduce combines them: max for m, then sum for (sum of exp, z_target - m) — the target's
     logit lives on exactly one rank, the others contribute 0. Backward needs no message:
     dL/dz_v = (softmax_v - [v = target]) / count, and each rank has softmax for its own v."""
+
+    autocast = "fp32"  # chapter 10 (the loss in fp32, as CrossEntropy)
 
     @staticmethod
     def forward(ctx, logits, targets, group, vocab_start, ignore_index):

@@ -1,0 +1,140 @@
+"""Mixed precision in parallel layouts (chapter 10), under real mpiexec.
+
+In low precision a parallel layout cannot reproduce the serial run bit for bit: its sums run in
+another order, and every operation rounds to a format with epsilon 2^-7 (bf16) or 2^-10 (fp16).
+The bounds used here, derived rather than fitted:
+
+- loss, per step: each operation rounds its result once, a relative error of eps/2, and the
+  loss is a chain of a few dozen such roundings that mostly cancel; 8 eps of the loss bounds
+  what two orders of summation can make of them (measured: under 1 eps);
+- weights, after k steps: AdamW moves an element by at most about lr per step (|m^|/sqrt(v^) is
+  near 1 at most), so two runs whose gradients differ by round-off drift apart by at most
+  2 x (sum of the learning rates) per element, plus one rounding of the final weight to the
+  format, eps x max|w|.
+
+And the one thing that must be exact: an inf in one rank's gradient makes every rank skip the
+step and halve its scale, and changes no weight anywhere.
+"""
+import numpy as np
+import pytest
+
+from minidist.comm.launch import run
+from minidist.precision import FORMATS
+
+CONFIG = dict(vocab_size=256, block_size=16, n_layer=2, n_head=2, n_embd=32)
+SETTINGS = dict(lr=3e-3, steps=10, warmup=2, min_lr=3e-4)
+STEPS, BATCH = 10, 16
+LAYOUTS = [dict(dp=2, tp=2), dict(tp=2, pp=2, microbatches=2), dict(dp=2, pp=2, microbatches=2)]
+
+
+def name(layout):
+    return "-".join(f"{k}{v}" for k, v in layout.items())
+
+
+def serial(precision):
+    from minidist.data import make_task
+    from minidist.model import GPTConfig
+    from minidist.train import OptimSettings, SerialTrainer
+
+    trainer = SerialTrainer(GPTConfig(**CONFIG), OptimSettings(**SETTINGS), make_task("sort", 16, seed=0), BATCH,
+                            precision=precision)
+    losses = [trainer.step(s)[0] for s in range(STEPS)]
+    return losses, {k: v.astype(np.float32) for k, v in trainer.model.state_dict().items()}
+
+
+def mesh_program(layouts, precisions):
+    from minidist.comm import get_world, traffic
+    from minidist.data import make_task
+    from minidist.model import GPTConfig
+    from minidist.parallel.composed import MeshTrainer
+    from minidist.train import OptimSettings
+
+    out = {}
+    for precision in precisions:
+        for layout in layouts:
+            trainer = MeshTrainer(GPTConfig(**CONFIG), OptimSettings(**SETTINGS), make_task("sort", 16, seed=0),
+                                  BATCH, group=get_world(), precision=precision, **layout)
+            traffic.reset()
+            losses = [trainer.step(s)[0] for s in range(STEPS)]
+            state = trainer.state_dict()
+            out[precision, name(layout)] = {
+                "losses": losses, "memory": trainer.memory(), "traffic": traffic.by_label(traffic.snapshot()),
+                "state": None if state is None else {k: v.astype(np.float32) for k, v in state.items()},
+                "params": sum(p.size for p in trainer.stage.parameters())}
+    return out
+
+
+def overflow_program():
+    """fp16, tp2 x pp2: at step 2, rank 3 alone finds an inf in one gradient of its shard."""
+    from minidist.comm import get_world
+    from minidist.data import make_task
+    from minidist.model import GPTConfig
+    from minidist.parallel.composed import MeshTrainer
+    from minidist.train import OptimSettings
+
+    world = get_world()
+    trainer = MeshTrainer(GPTConfig(**CONFIG), OptimSettings(**SETTINGS), make_task("sort", 16, seed=0), BATCH,
+                          group=world, precision="fp16", tp=2, pp=2, microbatches=2)
+    finish = trainer.finish_gradients
+
+    def poisoned():
+        finish()
+        if trainer.step_index == 2 and world.rank == 3:
+            trainer.stage.parameters()[0].grad.flat[0] = np.inf
+
+    trainer.finish_gradients = poisoned
+    weights = []
+    for step in range(5):
+        trainer.step(step)
+        weights.append({k: v.copy() for k, v in trainer.checkpoint_state().items() if not k.startswith("rng.")})
+    return {"history": trainer.scaler.history, "weights": weights}
+
+
+@pytest.fixture(scope="module")
+def four():
+    return run(mesh_program, 4, LAYOUTS, ["bf16", "fp16"], timeout=300)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+@pytest.mark.parametrize("layout", LAYOUTS, ids=name)
+def test_composed_layouts_follow_serial_within_the_formats_bounds(four, precision, layout):
+    want_losses, want_state = serial(precision)
+    got = four[0][precision, name(layout)]
+    eps = FORMATS[precision].eps
+    for step, (g, w) in enumerate(zip(got["losses"], want_losses)):
+        assert abs(g - w) <= 8 * eps * w, (step, g, w)
+    from minidist.train import OptimSettings
+
+    drift = 2 * sum(OptimSettings(**SETTINGS).lr_at(s) for s in range(STEPS))
+    for key, value in want_state.items():
+        bound = drift + eps * float(np.max(np.abs(value)))
+        assert float(np.max(np.abs(got["state"][key] - value))) <= bound, key
+
+
+def test_ledger_is_2_2_12_bytes_per_parameter_of_each_shard(four):
+    for rank in four:
+        for (precision, layout), r in rank.items():
+            n = r["params"]
+            assert (r["memory"]["params"], r["memory"]["grads"], r["memory"]["optimizer"]) == (2 * n, 2 * n, 12 * n)
+
+
+def test_sixteen_bit_gradients_halve_the_dp_traffic(four):
+    """dp = 2 sends this rank's gradient bytes once per step, plus the loss's 16 bytes (test_parallel_mesh);
+    in 16 bits the gradient bytes are 2 per parameter."""
+    for rank in four:
+        for precision in ("bf16", "fp16"):
+            r = rank[precision, "dp2-tp2"]
+            assert r["traffic"]["dp"] == STEPS * (2 * r["params"] + 16)
+
+
+def test_an_inf_on_one_rank_skips_the_step_on_every_rank():
+    ranks = run(overflow_program, 4, timeout=300)
+    for rank in ranks:
+        history = rank["history"]
+        assert [skipped for _, _, skipped in history] == [False, False, True, False, False]
+        assert [scale for _, scale, _ in history] == [2.0**16, 2.0**16, 2.0**15, 2.0**15, 2.0**15]
+        before, after = rank["weights"][1], rank["weights"][2]
+        for key in before:  # step 2 changed nothing: no weight, no moment, no master, no step count
+            if not key.startswith("scaler."):
+                np.testing.assert_array_equal(after[key], before[key], err_msg=key)
+        assert any(not np.array_equal(rank["weights"][3][k], after[k]) for k in after if k.startswith("param."))
