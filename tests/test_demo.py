@@ -150,6 +150,18 @@ def test_deepspeed_config_runs_its_layout(tmp_path):
     assert "not supported:" in proc.stdout
 
 
+def test_precision_flag_trains_in_16_bits_with_master_weights(tmp_path):
+    out = tmp_path / "fp16.json"
+    proc = demo("--steps", "3", "--dp", "2", "--precision", "fp16", "--json", str(out), *SMALL, nprocs=2)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    report = json.loads(out.read_text())
+    assert report["precision"] == "fp16" and report["skipped_steps"] == []
+    assert [entry["scale"] for entry in report["loss_scale"]] == [2.0**16] * 3
+    psi = report["parameters"]
+    for ledger in report["memory"]:  # 2 + 2 + 12 bytes per parameter
+        assert (ledger["params"], ledger["grads"], ledger["optimizer"]) == (2 * psi, 2 * psi, 12 * psi)
+
+
 def test_tour_compares_strategies_with_serial(tmp_path):
     out = tmp_path / "tour.json"
     proc = demo("--steps", "3", "--dtype", "float64", "--json", str(out), *SMALL, nprocs=2)

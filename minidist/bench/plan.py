@@ -1,0 +1,281 @@
+"""Benchmark: the layout planner's predictions against minidist's own runs (chapter 9).
+
+    python -m minidist.bench plan [--ranks 4] [--steps 4] [--batch-size 16] [--n-layer 4 --n-embd 128
+                                  --n-head 4 --block-size 64] [--timeout 60] [--json PATH]
+
+Not under mpirun: the benchmark starts the jobs itself. For every valid layout of the demo GPT
+on `--ranks` ranks (`plan.candidate_layouts`: dp x tp x pp, ZeRO stage, micro-batches, schedule)
+it runs
+
+    mpiexec -n 4 python -m minidist.demo --dp A --tp B --pp C [--zero S] [--microbatches M ...]
+            --steps N --json PATH
+
+(flags of degree 1 are left out; with pp = 1, m > 1 is --accumulation M) and prints, per
+layout, the predicted and the measured step time, and per rank the predicted memory ledger
+beside the measured one: params, grads and optimizer must be equal to the byte, activations
+are shown as the ratio measured / predicted; for composed layouts also the bytes each group
+sends per step (the demo's `traffic_by_group`) against the planner's. A layout the demo refuses
+is listed with the demo's one-line reason. Last, Spearman's rank correlation between the planner's ranking and
+the measured step times.
+
+The prediction is calibrated by yardsticks measured in the same run: two serial steps (one
+process; the global batch, and one sequence) give the FLOP/s of a device and the fixed cost of a
+layer pass that no split shrinks (Python's per-operation cost), each rescaled by the share of a
+core a rank gets when there are more ranks than cores, as on a 2-core machine; minidist's
+all-reduce timed on `--ranks` ranks gives alpha and beta (`comm.cost.fit_alpha_beta` on the
+ring's 2(n-1)(alpha + S/n beta)). The model assumes no overlap here: minidist's collectives run
+on the training thread. Each run's time is its fastest step after the first (the machine may be
+shared: the fastest step is the least disturbed). With more ranks than cores the ranks are not
+independent devices — a rank idling in the bubble lends its core to another — so the ranking is
+fairest with --ranks at most the number of cores.
+
+    python -m minidist.bench plan --match "tp2"     # only the layouts whose name contains "tp2"
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from minidist import cli
+from minidist.comm import cost
+from minidist.comm.launch import find_mpiexec, run
+from minidist.data import make_task
+from minidist.model import GPTConfig
+from minidist.plan import candidate_layouts, plan
+from minidist.plan_model import Cluster, Layout, Workload, flops_per_step, rank_ledger
+from minidist.parallel.mesh import coordinates
+
+PILES = ("params", "grads", "optimizer")
+
+
+def spearman(x, y) -> float:
+    """Spearman's rank correlation: Pearson's correlation of the ranks (ties share their mean rank)."""
+    def ranks(values):
+        values = np.asarray(values, dtype=float)
+        order = np.argsort(values, kind="stable")
+        r = np.empty(len(values))
+        r[order] = np.arange(1, len(values) + 1)
+        for v in np.unique(values):  # ties: the mean of the ranks they span
+            r[values == v] = r[values == v].mean()
+        return r
+
+    if len(x) != len(y) or len(x) < 2:
+        raise ValueError(f"spearman needs two sequences of the same length >= 2, got {len(x)} and {len(y)}")
+    a, b = ranks(x), ranks(y)
+    a, b = a - a.mean(), b - b.mean()
+    denominator = np.sqrt((a @ a) * (b @ b))
+    return float(a @ b / denominator) if denominator else float("nan")
+
+
+def demo_flags(layout: dict) -> list[str]:
+    """The demo's flags for one planner layout (degrees of 1 left out)."""
+    flags = []
+    for axis in ("dp", "tp", "pp"):
+        if layout[axis] > 1:
+            flags += [f"--{axis}", str(layout[axis])]
+    if layout["zero"]:
+        flags += ["--zero", str(layout["zero"])]
+    if layout["pp"] > 1:
+        flags += ["--microbatches", str(layout["microbatches"]), "--schedule", layout["schedule"]]
+        if layout["schedule"] == "interleaved":
+            flags += ["--virtual-stages", str(layout["virtual_stages"])]
+    elif layout["microbatches"] > 1:
+        flags += ["--accumulation", str(layout["microbatches"])]
+    return flags
+
+
+def run_demo(ranks: int, flags: list[str], timeout: float) -> tuple[dict | None, str]:
+    """Run the demo (under mpiexec when ranks > 1); (its JSON report, "") or (None, why not)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "run.json")
+        command = [sys.executable, "-m", "minidist.demo", *flags, "--json", path, "--log-every", "-1"]
+        if ranks > 1:
+            command = [find_mpiexec(), "-n", str(ranks), *command]
+        env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+        # a session of its own, so that a job past its time is ended whole: mpiexec and its ranks
+        job = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                               start_new_session=True)
+        try:
+            _, stderr = job.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.communicate()
+            return None, f"timed out after {timeout:g} s"
+        if job.returncode or not os.path.exists(path):
+            lines = [line for line in stderr.splitlines() if "error" in line.lower()] or stderr.splitlines()
+            return None, (lines[-1].strip() if lines else f"exit status {job.returncode}")
+        with open(path) as f:
+            return json.load(f), ""
+
+
+def time_all_reduce(sizes, reps: int = 20) -> list[float]:
+    """Rank program: seconds per minidist all_reduce of each size (float32, the slowest rank's)."""
+    from mpi4py import MPI
+
+    from minidist.comm import all_reduce, get_world
+    comm = get_world().comm
+    seconds = []
+    for nbytes in sizes:
+        x = np.ones(nbytes // 4, np.float32)
+        all_reduce(x)  # warm-up
+        comm.Barrier()
+        start = time.perf_counter()
+        for _ in range(reps):
+            all_reduce(x)
+        mine = np.array([(time.perf_counter() - start) / reps])
+        comm.Allreduce(MPI.IN_PLACE, mine, op=MPI.MAX)
+        seconds.append(float(mine[0]))
+    return seconds
+
+
+def fastest_step(report: dict) -> float:
+    """The fastest step after the first: the least disturbed by whatever else runs on the machine."""
+    return float(min(report["step_seconds"][1:] or report["step_seconds"]))
+
+
+def calibrate(config: GPTConfig, args) -> tuple[Cluster, dict]:
+    """The cluster this machine is to the planner, from serial steps and timed all-reduces.
+
+    Two serial runs, of the global batch B and of one sequence, give the FLOP/s of the model's
+    work, (F(B) - F(1)) / (T(B) - T(1)), and what is left of T(1), the fixed cost of a step's layer
+    passes (`Cluster.layer_overhead`, per layer). With more ranks than cores each rank gets
+    cores / ranks of one: its FLOP/s shrink and its fixed costs grow by that factor."""
+    model_flags = ["--n-layer", str(config.n_layer), "--n-embd", str(config.n_embd), "--n-head", str(config.n_head),
+                   "--block-size", str(config.block_size), "--steps", str(max(args.steps, 5))]
+    serial = {}
+    for batch in (args.batch_size, 1):
+        report, why = run_demo(1, [*model_flags, "--batch-size", str(batch)], args.timeout)
+        if report is None:
+            raise RuntimeError(f"the serial yardstick failed: {why}")
+        serial[batch] = fastest_step(report)
+
+    def work(batch):
+        return flops_per_step(Workload(config, batch, config.block_size, "fp32", "minidist"))
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    share = min(1.0, cores / args.ranks)  # of a core, per rank
+    big, one = serial[args.batch_size], serial[1]
+    flops = (work(args.batch_size) - work(1)) / max(big - one, 1e-9) if args.batch_size > 1 else work(1) / one
+    overhead = max(0.0, one - work(1) / flops) / config.n_layer
+    sizes = [1 << 12, 1 << 15, 1 << 18, 1 << 20, 1 << 22]
+    seconds = run(time_all_reduce, args.ranks, sizes, timeout=args.timeout)[0]
+    n = args.ranks
+    alpha, beta = cost.fit_alpha_beta([s / n for s in sizes], [t / (2 * (n - 1)) for t in seconds])
+    bandwidth = 1 / max(beta, 1e-15)
+    cluster = Cluster(n, n, float("inf"), bandwidth, alpha, bandwidth, alpha, flops * share, overhead / share)
+    facts = {"serial_step_seconds": big, "serial_one_sequence_seconds": one, "device_flops": flops * share,
+             "layer_overhead": overhead / share, "cores": cores, "alpha": alpha, "beta": beta,
+             "all_reduce_seconds": {str(k): v for k, v in zip(sizes, seconds)}}
+    return cluster, facts
+
+
+def compare(row: dict, report: dict, workload: Workload) -> dict:
+    """One layout's record: predicted vs measured step time and per-rank memory."""
+    layout = Layout(**row["layout"])
+    measured = fastest_step(report)
+    ranks = []
+    for rank, got in enumerate(report["memory"]):
+        stage = coordinates(rank, dp_size=layout.dp, tp_size=layout.tp)[0]
+        want = rank_ledger(workload, layout, rank)
+        ranks.append({"rank": rank, "stage": stage, "predicted": {k: want[k] for k in (*PILES, "activations")},
+                      "measured": {k: got.get(k) for k in (*PILES, "activations")},
+                      "states_equal": all(got.get(k) == want[k] for k in PILES),
+                      "activation_ratio": got.get("activations", 0) / want["activations"]})
+    # bytes per step in each group (composed layouts only): the busiest rank's, measured and predicted
+    groups = report.get("traffic_by_group") or []
+    traffic = {axis: {"predicted": row["bytes_sent"][axis], "measured": max(g.get(axis, 0) for g in groups)}
+               for axis in ("tp", "pp", "embedding", "dp")
+               if row["bytes_sent"][axis] and any(axis in g for g in groups)}
+    return {"layout": row["name"], "flags": demo_flags(row["layout"]), "predicted_step_seconds": row["step_seconds"],
+            "measured_step_seconds": measured,
+            "predicted": {k: row[k] for k in ("compute", "bubble", "tp", "pp", "dp")},
+            "memory": ranks, "traffic": traffic}
+
+
+def print_records(records: list[dict], skipped: list[dict]) -> None:
+    print(f"{'layout':<34} {'predicted ms':>12} {'measured ms':>11} {'ratio':>6}  states  "
+          f"activations measured/predicted per rank   bytes per step measured/predicted")
+    for r in records:
+        states = "equal" if all(m["states_equal"] for m in r["memory"]) else "DIFFER"
+        ratios = " ".join(f"{m['activation_ratio']:.3f}" for m in r["memory"])
+        sent = " ".join(f"{axis} {t['measured'] / t['predicted']:.3f}" for axis, t in r["traffic"].items())
+        print(f"{r['layout']:<34} {r['predicted_step_seconds'] * 1e3:12.1f} {r['measured_step_seconds'] * 1e3:11.1f} "
+              f"{r['measured_step_seconds'] / r['predicted_step_seconds']:6.2f}  {states:<6}  {ratios:<40} {sent}")
+        for m in r["memory"]:
+            if not m["states_equal"]:
+                print(f"    rank {m['rank']}: predicted {m['predicted']}  measured {m['measured']}")
+    for s in skipped:
+        print(f"{s['layout']:<34} not run: {s['why']}")
+
+
+def main(argv=None) -> int:
+    positive = cli.integer(1)
+    parser = cli.OneLineParser(prog="python -m minidist.bench plan", description=__doc__.split("\n")[0])
+    parser.add_argument("--ranks", type=cli.integer(2), default=4)
+    parser.add_argument("--steps", type=cli.integer(2), default=4,
+                        help="steps per layout; the fastest after the first is kept")
+    parser.add_argument("--batch-size", type=positive, default=16)
+    parser.add_argument("--n-layer", type=positive, default=4)
+    parser.add_argument("--n-embd", type=positive, default=128)
+    parser.add_argument("--n-head", type=positive, default=4)
+    parser.add_argument("--block-size", type=positive, default=64)
+    parser.add_argument("--match", default="", help="run only the layouts whose name contains this text")
+    parser.add_argument("--timeout", type=cli.number(1), default=60.0, help="seconds per demo run")
+    parser.add_argument("--json", type=cli.output_file, help="write the records to this file")
+    args = parser.parse_args(argv)
+    if args.n_embd % args.n_head:
+        parser.error(f"--n-embd {args.n_embd} is not divisible by --n-head {args.n_head}")
+    try:  # the demo's task must fit the sequence: checked here, before any job starts
+        make_task("sort", args.block_size)
+    except ValueError as error:
+        parser.error(f"--block-size {args.block_size}: {error}")
+    config = GPTConfig(vocab_size=256, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
+                       n_embd=args.n_embd)
+    valid = candidate_layouts(config, args.ranks, args.batch_size)
+    facts = f"--batch-size {args.batch_size}, --n-head {args.n_head}, --n-layer {args.n_layer}"
+    if not valid:
+        parser.error(f"--ranks {args.ranks}: no valid layout of the demo GPT on {args.ranks} ranks ({facts})")
+    if not any(args.match in lay.name for lay in valid):
+        parser.error(f"--match {args.match!r}: none of the {len(valid)} valid layouts of {args.ranks} ranks matches")
+    try:
+        cluster, facts = calibrate(config, args)
+    except RuntimeError as error:
+        parser.error(str(error))
+    workload = Workload(config, args.batch_size, config.block_size, "fp32", "minidist", overlap=False)
+    rows = plan(workload, cluster)
+    print(f"yardsticks: serial step {facts['serial_step_seconds'] * 1e3:.1f} ms (one sequence "
+          f"{facts['serial_one_sequence_seconds'] * 1e3:.1f} ms) -> per rank ({args.ranks} ranks on {facts['cores']} "
+          f"cores) {facts['device_flops'] / 1e9:.2f} GFLOP/s and {facts['layer_overhead'] * 1e3:.2f} ms per layer "
+          f"pass; all-reduce alpha {facts['alpha'] * 1e6:.1f} us, beta {facts['beta'] * 1e9:.3f} ns/byte; "
+          f"{len(rows)} valid layouts")
+    model_flags = ["--n-layer", str(args.n_layer), "--n-embd", str(args.n_embd), "--n-head", str(args.n_head),
+                   "--block-size", str(args.block_size), "--batch-size", str(args.batch_size),
+                   "--steps", str(args.steps)]
+    records, skipped = [], []
+    for row in (r for r in rows if args.match in r["name"]):
+        report, why = run_demo(args.ranks, [*demo_flags(row["layout"]), *model_flags], args.timeout)
+        if report is None:
+            skipped.append({"layout": row["name"], "flags": demo_flags(row["layout"]), "why": why})
+            print(f"  {row['name']}: not run ({why})", file=sys.stderr, flush=True)
+            continue
+        records.append(compare(row, report, workload))
+        print(f"  {row['name']}: {records[-1]['measured_step_seconds'] * 1e3:.1f} ms", file=sys.stderr, flush=True)
+    print_records(records, skipped)
+    rho = spearman([r["predicted_step_seconds"] for r in records], [r["measured_step_seconds"] for r in records]) \
+        if len(records) >= 2 else float("nan")
+    equal = sum(all(m["states_equal"] for m in r["memory"]) for r in records)
+    print(f"{len(records)} layouts run ({len(skipped)} refused by the demo); params/grads/optimizer equal to the byte "
+          f"on {equal} of {len(records)}; Spearman rank correlation of predicted and measured step times: {rho:.3f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([{"kind": "calibration", **facts},
+                       *({"kind": "layout", **r} for r in records), *({"kind": "refused", **s} for s in skipped),
+                       {"kind": "summary", "spearman": rho, "layouts_run": len(records)}], f, indent=1)
+    return 0

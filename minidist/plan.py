@@ -1,0 +1,270 @@
+"""`python -m minidist.plan`: every DP x TP x PP layout of a model on a cluster, ranked (chapter 9).
+
+One idea: a layout — data-parallel replicas d, tensor-parallel ranks t, pipeline stages p, the
+ZeRO stage, m micro-batches and the pipeline schedule — is a handful of integers, and its memory
+and step time are formulas (`plan_model.py`). So write down *every* valid layout, predict each,
+and sort: the rules of thumb of Megatron-LM (Narayanan et al. 2021, section 3.3) fall out of the
+arithmetic instead of being memorised —
+
+    keep t within a node (its all-reduces run 4 times per layer and micro-batch),
+    let the pipeline cross nodes (one activation per micro-batch and boundary),
+    make the model-parallel size t·p just large enough to fit, and use data parallelism for the rest.
+
+    python -m minidist.plan --gpus 4                                    # the demo GPT on 4 ranks
+    python -m minidist.plan --model gpt3-175b --gpus 1024 --memory 80 --top 5
+    python -m minidist.plan --n-layer 24 --n-embd 2048 --n-head 16 --vocab-size 50257 --pad-vocab \\
+        --seq-len 2048 --global-batch 512 --gpus 64 --precision mixed --json plan.json
+
+The rules a layout must follow, as in minidist and Megatron-LM/DeepSpeed (`why_invalid`):
+N = d·t·p; t divides the heads, 4·n_embd and the vocabulary (or the vocabulary is padded to a
+multiple of 128·t, as Megatron-LM does: --pad-vocab); p <= n_layer; d divides the global batch and
+m the replica's batch; ZeRO needs d > 1, and stages 2-3 do not combine with p > 1 (gradients
+must persist across micro-batches; DeepSpeed refuses it too); interleaved 1F1B needs m a
+multiple of p and n_layer >= p·v. Layouts that do not fit in memory are ranked after those that
+do and marked so; none is dropped.
+
+GPT-3 175B on 1024 GPUs of 80 GB, 8 to a node (mixed precision, no recomputation): the best
+layout is dp32 tp8 pp4 with ZeRO-1 — tp inside a node, the pipeline across 4 nodes, the rest
+data parallel, and t·p = 32 the smallest that fits without ZeRO-2/3 (tests/test_plan.py). With
+--recompute the activations shrink so much that ZeRO-3 over 512 replicas x tp 2 comes first: its
+gathers hide behind compute if overlap is perfect, as the model assumes (--no-overlap for the
+other extreme).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+
+from tqdm import tqdm
+
+from minidist import cli
+from minidist.memory import format_bytes
+from minidist.model import GPTConfig
+from minidist.plan_model import STATE_BYTES, Cluster, Layout, Workload, predict
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+
+# name: (GPTConfig fields, global batch, precision, pad_vocab)
+PRESETS = {
+    "demo": (dict(vocab_size=256, block_size=64, n_layer=4, n_head=4, n_embd=128), 16, "fp32", False),
+    "gpt2": (dict(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768), 512, "mixed", True),
+    # GPT-3 175B (Brown et al. 2020); V = 51200 is GPT-2's 50257 as Megatron-LM pads it for t <= 8
+    "gpt3-175b": (dict(vocab_size=51200, block_size=2048, n_layer=96, n_head=96, n_embd=12288), 1536, "mixed", False),
+}
+
+
+def divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+def why_invalid(config, world: int, layout: Layout, global_batch: int, pad_vocab: bool = False) -> str | None:
+    """Why `layout` cannot run `config` on `world` devices (one line), or None if it can."""
+    d, t, p, m, v = layout.dp, layout.tp, layout.pp, layout.microbatches, layout.virtual_stages
+    if min(d, t, p, m, v) < 1:
+        return f"degrees must be >= 1, got dp={d} tp={t} pp={p} m={m} v={v}"
+    if d * t * p != world:
+        return f"dp={d} x tp={t} x pp={p} = {d * t * p} devices, not {world}"
+    if config.n_head % t or 4 * config.n_embd % t:
+        return f"tp={t} does not divide n_head={config.n_head} (and 4 x n_embd={4 * config.n_embd})"
+    if config.vocab_size % t and not pad_vocab:
+        return f"tp={t} does not divide vocab_size={config.vocab_size} (pad it as Megatron-LM does: --pad-vocab)"
+    if p > config.n_layer:
+        return f"pp={p} stages but only n_layer={config.n_layer} blocks"
+    if global_batch % d:
+        return f"dp={d} does not divide the global batch {global_batch}"
+    if (global_batch // d) % m:
+        return f"m={m} micro-batches do not divide the replica's batch {global_batch // d}"
+    if layout.zero not in (0, 1, 2, 3):
+        return f"ZeRO stage must be 0-3, got {layout.zero}"
+    if layout.zero and d == 1:
+        return f"ZeRO stage {layout.zero} needs dp > 1 (it partitions over the replicas)"
+    if layout.zero >= 2 and p > 1:
+        return f"ZeRO stage {layout.zero} with pp={p}: gradients must persist across micro-batches"
+    if p == 1:
+        if layout.schedule is not None or v != 1:
+            return "a schedule (and virtual stages) needs pp > 1"
+        return None
+    if layout.schedule not in SCHEDULES:
+        return f"pp={p} needs a schedule, one of {', '.join(SCHEDULES)}; got {layout.schedule!r}"
+    if layout.schedule != "interleaved":
+        return None if v == 1 else f"virtual_stages={v} needs the interleaved schedule"
+    if v < 2:
+        return "the interleaved schedule needs virtual_stages >= 2"
+    if m % p:
+        return f"interleaved: m={m} is not a multiple of pp={p}"
+    if p * v > config.n_layer:
+        return f"interleaved: pp={p} x v={v} = {p * v} chunks but only n_layer={config.n_layer} blocks"
+    return None
+
+
+def candidate_layouts(config, world: int, global_batch: int, zero_stages=(0, 1, 2, 3), schedules=SCHEDULES,
+                      pad_vocab: bool = False) -> list[Layout]:
+    """Every valid layout: each factorisation d·t·p = world, ZeRO stage, divisor m of the
+    replica's batch, schedule and v (filtered by `why_invalid`)."""
+    layouts = []
+    for t in divisors(world):
+        for p in divisors(world // t):
+            d = world // (t * p)
+            if global_batch % d:
+                continue
+            for zero in zero_stages:
+                for m in divisors(global_batch // d):
+                    options = [(None, 1)] if p == 1 else \
+                        [(s, 1) for s in schedules if s != "interleaved"] + \
+                        [("interleaved", v) for v in range(2, config.n_layer // p + 1) if "interleaved" in schedules]
+                    for schedule, v in options:
+                        layout = Layout(d, t, p, zero, m, schedule, v)
+                        if why_invalid(config, world, layout, global_batch, pad_vocab) is None:
+                            layouts.append(layout)
+    return layouts
+
+
+def plan(workload: Workload, cluster: Cluster, zero_stages=(0, 1, 2, 3), schedules=SCHEDULES,
+         progress: bool = False) -> list[dict]:
+    """Every valid layout with its prediction, best first: those that fit by step time, then
+    those that do not (also by step time), each with "fits" saying which."""
+    layouts = candidate_layouts(workload.config, cluster.gpus, workload.global_batch, zero_stages, schedules,
+                                workload.pad_vocab)
+    rows = []
+    for layout in tqdm(layouts, desc="layouts", unit="layout", disable=not progress or len(layouts) < 2000,
+                       file=sys.stderr, dynamic_ncols=True):
+        rows.append({"name": layout.name, "layout": asdict(layout), **predict(workload, layout, cluster)})
+    rows.sort(key=lambda r: (not r["fits"], r["step_seconds"], r["memory"]["peak"]))
+    for rank, row in enumerate(rows, 1):
+        row["rank"] = rank
+    return rows
+
+
+def _time(seconds: float, unit: float) -> str:
+    return f"{seconds / unit:.3g}"
+
+
+def _unit(seconds: float) -> tuple[float, str]:
+    """The unit a step time reads best in: s, ms or us."""
+    return next(((u, n) for u, n in ((1.0, "s"), (1e-3, "ms")) if seconds >= u), (1e-6, "us"))
+
+
+def format_table(rows: list[dict], top: int, cluster: Cluster) -> str:
+    """The best `top` rows, and a line on the layouts that do not fit."""
+    shown = rows[:top]
+    fitting = sum(r["fits"] for r in rows)
+    unit, name = _unit(shown[0]["step_seconds"] if shown else 1.0)
+    lines = [f"{'#':>4}  {'layout':<40} {'b':>4} {'step ' + name:>9} {'compute':>8} {'bubble':>8} "
+             f"{'tp':>8} {'pp':>8} {'dp':>8}  {'memory/device':>13}  fits"]
+    for r in shown:
+        t = [_time(r[k], unit) for k in ("step_seconds", "compute", "bubble", "tp", "pp", "dp")]
+        fits = "yes" if r["fits"] else f"no (> {format_bytes(cluster.memory)})"
+        lines.append(f"{r['rank']:>4}  {r['name']:<40} {r['micro_batch']:>4} {t[0]:>9} {t[1]:>8} {t[2]:>8} "
+                     f"{t[3]:>8} {t[4]:>8} {t[5]:>8}  {format_bytes(r['memory']['peak']):>13}  {fits}")
+    lines.append(f"(b: micro-batch; times in {name}: the step = compute + bubble + the exposed tp, pp and dp "
+                 "communication; memory: the heaviest stage's device)")
+    misfits = [r for r in rows if not r["fits"]]
+    if misfits:
+        least = min(misfits, key=lambda r: r["memory"]["peak"])
+        lines.append(f"{len(misfits)} of {len(rows)} layouts do not fit in {format_bytes(cluster.memory)} per device "
+                     f"(the closest, {least['name']}, needs {format_bytes(least['memory']['peak'])}); "
+                     f"{fitting} fit" + ("" if fitting else ": none fits"))
+    return "\n".join(lines)
+
+
+def build_parser():
+    positive, real = cli.integer(1), cli.number(0, lo_open=True)
+    p = cli.OneLineParser(prog="python -m minidist.plan", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", choices=sorted(PRESETS), default="demo",
+                   help="a preset (demo: minidist's GPT; gpt2: 12 x 768; gpt3-175b: 96 x 12288, 96 heads); "
+                        "the flags below override its fields")
+    for flag in ("--n-layer", "--n-embd", "--n-head", "--vocab-size", "--seq-len"):
+        p.add_argument(flag, type=positive)
+    p.add_argument("--untied", action="store_true", help="a separate LM head instead of the tied embedding")
+    p.add_argument("--pad-vocab", action="store_true", default=None,
+                   help="pad the vocabulary to a multiple of 128 x tp as Megatron-LM does (gpt2 preset: on)")
+    p.add_argument("--gpus", type=positive, required=True, help="devices N")
+    p.add_argument("--gpus-per-node", type=positive, default=8)
+    p.add_argument("--memory", type=real, default=80.0, help="memory per device, GB")
+    p.add_argument("--intra-bw", type=real, default=300.0, help="bandwidth inside a node, GB/s per device")
+    p.add_argument("--intra-latency", type=cli.number(0), default=2.0, help="latency inside a node, us")
+    p.add_argument("--inter-bw", type=real, default=25.0, help="bandwidth between nodes, GB/s per device")
+    p.add_argument("--inter-latency", type=cli.number(0), default=5.0, help="latency between nodes, us")
+    p.add_argument("--tflops", type=real, default=150.0, help="achieved TFLOP/s of one device")
+    p.add_argument("--layer-overhead", type=cli.number(0), default=0.0,
+                   help="fixed us per layer and micro-batch that no split shrinks (kernel launches)")
+    p.add_argument("--global-batch", type=positive, help="sequences per step (default: the preset's)")
+    p.add_argument("--precision", choices=sorted(STATE_BYTES),
+                   help="fp32: 4+4+8 bytes per parameter (as minidist runs); mixed: 2+2+12 (default: the preset's)")
+    p.add_argument("--activations", choices=["minidist", "megatron"],
+                   help="activation count: minidist's own, or Korthikanti et al. 2022 (default: minidist for "
+                        "fp32/fp64, megatron for mixed)")
+    p.add_argument("--recompute", action="store_true", help="full activation recomputation (Megatron-LM 2021)")
+    p.add_argument("--sequence-parallel", action="store_true", help="split the replicated activations by tp")
+    p.add_argument("--no-overlap", action="store_true", help="count all data-parallel communication as exposed")
+    p.add_argument("--zero", type=cli.listof(cli.integer(0, 3)), default=[0, 1, 2, 3], help="ZeRO stages to try")
+    p.add_argument("--schedules", type=cli.listof(cli.one_of(SCHEDULES)), default=list(SCHEDULES))
+    p.add_argument("--top", type=positive, default=10, help="rows to print")
+    p.add_argument("--json", type=cli.output_file, metavar="PATH", help="write every layout's prediction")
+    return p
+
+
+def setup(args) -> tuple[Workload, Cluster]:
+    """The workload and cluster the flags describe; ValueError names what is wrong."""
+    fields, batch, precision, pad = PRESETS[args.model]
+    fields = dict(fields, tie_weights=not args.untied)
+    for name, key in (("n_layer", "n_layer"), ("n_embd", "n_embd"), ("n_head", "n_head"),
+                      ("vocab_size", "vocab_size"), ("seq_len", "block_size")):
+        if getattr(args, name) is not None:
+            fields[key] = getattr(args, name)
+    if fields["n_embd"] % fields["n_head"]:
+        raise ValueError(f"--n-embd {fields['n_embd']} is not divisible by --n-head {fields['n_head']}")
+    config = GPTConfig(**fields)
+    precision = args.precision or precision
+    activations = args.activations or ("megatron" if precision == "mixed" else "minidist")
+    workload = Workload(config, args.global_batch or batch, config.block_size, precision, activations,
+                        args.recompute, args.sequence_parallel, not args.no_overlap,
+                        pad if args.pad_vocab is None else args.pad_vocab)
+    cluster = Cluster(args.gpus, args.gpus_per_node, args.memory * 1e9, args.intra_bw * 1e9, args.intra_latency * 1e-6,
+                      args.inter_bw * 1e9, args.inter_latency * 1e-6, args.tflops * 1e12, args.layer_overhead * 1e-6)
+    return workload, cluster
+
+
+def no_layout_reason(workload: Workload, world: int, zero_stages, schedules) -> str:
+    """Why no layout is valid: the verdict on each factorisation d·t·p (m = 1, the first ZeRO stage
+    and schedule asked for)."""
+    reasons = []
+    for t in divisors(world):
+        for p in divisors(world // t):
+            layout = Layout(world // (t * p), t, p, min(zero_stages), 1, None if p == 1 else schedules[0],
+                            2 if p > 1 and schedules[0] == "interleaved" else 1)
+            reasons.append(why_invalid(workload.config, world, layout, workload.global_batch, workload.pad_vocab))
+    return "; ".join(dict.fromkeys(r for r in reasons if r)) or "none of the micro-batch counts fits"
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        workload, cluster = setup(args)
+    except ValueError as error:
+        parser.error(str(error))
+    zero_stages, schedules = tuple(dict.fromkeys(args.zero)), tuple(dict.fromkeys(args.schedules))
+    rows = plan(workload, cluster, zero_stages, schedules, progress=True)
+    if not rows:
+        why = no_layout_reason(workload, cluster.gpus, zero_stages, schedules)
+        parser.error(f"--gpus {cluster.gpus}: no valid layout of {cluster.gpus} devices: {why}")
+    c = workload.config
+    nodes = -(-cluster.gpus // cluster.gpus_per_node)
+    how = "".join(f", {word}" for word, on in (("recompute", workload.recompute),
+                                                ("sequence parallel", workload.sequence_parallel)) if on)
+    print(f"GPT {c.n_layer} x {c.n_embd} ({c.n_head} heads, vocab {c.vocab_size}, seq {workload.seq}), "
+          f"global batch {workload.global_batch}, {workload.precision}, activations: {workload.activations}{how}; "
+          f"{cluster.gpus} devices ({nodes} node{'s' * (nodes > 1)} of {cluster.gpus_per_node}, "
+          f"{format_bytes(cluster.memory)} each): {len(rows)} valid layout{'s' * (len(rows) != 1)}")
+    print(format_table(rows, args.top, cluster))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"model": c.to_dict(), "workload": {k: v for k, v in asdict(workload).items() if k != "config"},
+                       "cluster": asdict(cluster), "layouts": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,369 @@
+"""The layout planner (minidist/plan.py, plan_model.py), pure arithmetic: its parameter counts and
+memory ledgers equal minidist's own, its time terms equal their formulas for hand-computed
+cases, its search keeps exactly the valid layouts and reports those that do not fit, and for
+GPT-3 175B on 8-GPU nodes its best layouts follow Megatron-LM's rules of thumb."""
+import json
+import random
+
+import numpy as np
+import pytest
+
+from minidist import memory
+from minidist.bench.plan import demo_flags, spearman
+from minidist.comm import cost
+from minidist.model import GPT, GPTConfig
+from minidist.parallel import schedules as S
+from minidist.parallel.mesh import layout as mesh_layout
+from minidist.parallel.pipeline import PipelineStage
+from minidist.parallel.zero import make_units
+from minidist.plan import PRESETS, SCHEDULES, candidate_layouts, format_table, main, plan, why_invalid
+from minidist.plan_model import (Cluster, Layout, Workload, flops_per_step, group_span, heaviest_stage, in_flight,
+                                 interleaved_peak, padded_vocab, predict, rank_ledger, rank_parameter_count,
+                                 rank_units, stage_ledger, state_bytes)
+from minidist.tensor import Tensor, graph_bytes
+from minidist.train import OptimSettings, make_optimizer
+
+DEMO = GPTConfig()  # vocab 256, block 64, 4 layers, 4 heads, 128 wide, tied
+SMALL = GPTConfig(vocab_size=48, block_size=8, n_layer=5, n_head=4, n_embd=16, tie_weights=False)
+FP32 = (4, 4, 8)
+
+# parameters tensor parallelism splits, by name (tensor_layers.py); the rest is replicated
+SPLIT = ("q_proj.", "k_proj.", "v_proj.", "attn.c_proj.weight", "c_fc.", "mlp.c_proj.weight", "wte.", "lm_head.")
+
+
+def by_name(config, tp, pp, stage, v=1):
+    """One tp rank's share of pipeline stage `stage`, counted from PipelineStage's own parameters."""
+    return sum(p.size // tp if any(k in name for k in SPLIT) else p.size
+               for name, p in PipelineStage(config, stage, pp, virtual_stages=v).named_parameters())
+
+
+def meshes(world, config):
+    return [(d, t, p) for t in (1, 2, 4) for p in range(1, world + 1) for d in range(1, world + 1)
+            if d * t * p == world and config.n_head % t == 0 and p <= config.n_layer]
+
+
+# ----------------------------------------------------------------------------- parameters and memory
+
+
+@pytest.mark.parametrize("dp,tp,pp", meshes(4, DEMO))
+def test_rank_parameter_count_demo_on_4_ranks(dp, tp, pp):
+    for place in mesh_layout(4, dp=dp, tp=tp, pp=pp):
+        assert rank_parameter_count(DEMO, dp, tp, pp, place.rank) == by_name(DEMO, tp, pp, place.pp)
+
+
+def test_rank_parameter_count_known_values():
+    # the demo's ledgers, measured (mpiexec -n 4 python -m minidist.demo --pp 4 / --tp 4), in float32 bytes
+    assert [4 * rank_parameter_count(DEMO, 1, 1, 4, r) for r in range(4)] == [956928, 793088, 793088, 925184]
+    assert rank_parameter_count(DEMO, 1, 4, 1, 0) == memory.tensor_parallel_parameter_counts(DEMO, 4)["per_rank"]
+    assert rank_parameter_count(DEMO, 4, 1, 1, 3) == memory.param_count(DEMO) == 834_304
+
+
+@pytest.mark.parametrize("tp,pp,v", [(1, 2, 1), (2, 3, 1), (4, 2, 1), (2, 2, 2), (1, 5, 1)])
+def test_rank_parameter_count_untied_uneven(tp, pp, v):
+    for stage in range(pp):
+        assert sum(rank_units(SMALL, tp, pp, stage, v)) == by_name(SMALL, tp, pp, stage, v)
+
+
+@pytest.mark.parametrize("config", [DEMO, SMALL])
+@pytest.mark.parametrize("dp", [2, 3, 4])
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_state_bytes_as_minidist_zero_stores_them(config, dp, zero):
+    """minidist's ZeRO (parallel/zero.py): flat units padded to a multiple of dp; stages 1-2 keep
+    the padded parameters, stage 1 the padded gradients; a partitioned pile keeps one chunk."""
+    units = make_units(GPT(config), dp, rank=0)
+    padded, chunk, numel = (sum(getattr(u, k) for u in units) for k in ("padded", "chunk", "numel"))
+    expected = {"params": 4 * (chunk if zero == 3 else padded if zero else numel),
+                "grads": 4 * (chunk if zero >= 2 else padded if zero else numel),
+                "optimizer": 2 * 4 * (chunk if zero else numel)}  # AdamW's m and v
+    assert state_bytes(rank_units(config, 1, 1, 0), dp, zero, FP32) == expected
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_state_bytes_is_the_zero_papers_formula(zero):
+    psi, dp = 7_500_000_000, 64
+    got = state_bytes([psi], dp, zero, (2, 2, 12))
+    want = memory.model_state_bytes(psi, dp, zero, "mixed")
+    assert [got[k] for k in ("params", "grads", "optimizer")] == pytest.approx([want[k] for k in got])
+
+
+def test_ledger_of_a_pipeline_stage_equals_the_live_stage():
+    """Build each stage of SMALL, run one micro-batch forward and backward and an AdamW step: the
+    predicted ledger equals memory.ledger to the byte, activations included."""
+    pp, m, batch = 3, 2, 4
+    w = Workload(SMALL, batch, SMALL.block_size, "fp32", "minidist")
+    layout = Layout(1, 1, pp, 0, m, "1f1b")
+    b, rng = batch // m, np.random.default_rng(0)
+    ids = rng.integers(0, SMALL.vocab_size, (b, SMALL.block_size))
+    for stage in range(pp):
+        module = PipelineStage(SMALL, stage, pp)
+        optimizer = make_optimizer(module, OptimSettings())
+        x = ids if stage == 0 else Tensor(rng.standard_normal((b, SMALL.block_size, SMALL.n_embd)).astype(np.float32))
+        if stage == pp - 1:
+            _, loss = module(x, ids)
+            out = loss * (1.0 / m)  # as PipelineTrainer scales each micro-batch's loss
+        else:
+            out = module(x)
+        held = graph_bytes(out) + (0 if stage == 0 else x.data.nbytes)
+        out.backward() if stage == pp - 1 else out.backward(np.ones(out.shape, np.float32))
+        optimizer.step()
+        live = memory.ledger(module, optimizer, held * in_flight("1f1b", pp, stage, m))
+        predicted = stage_ledger(w, layout, stage)
+        assert {k: predicted[k] for k in live if k != "peak"} == {k: live[k] for k in live if k != "peak"}
+
+
+@pytest.mark.parametrize("layout,rank,sp,measured", [
+    # activations measured by minidist (graph_bytes) for the demo GPT, global batch 16, float32
+    (Layout(4, 1, 1), 0, False, 15_246_340),              # --dp 4 (and every --zero S)
+    (Layout(1, 4, 1), 0, False, 38_342_660),              # --tp 4: a rank holds one head (merging heads is a view)
+    (Layout(1, 2, 1), 0, False, 49_352_708),              # --tp 2
+    (Layout(1, 2, 1), 1, True, 42_502_148),               # --tp 2 --sequence-parallel
+    (Layout(1, 4, 1), 3, True, 25_707_524),               # --tp 4 --sequence-parallel
+    (Layout(1, 1, 4, 0, 4, "1f1b"), 0, False, 15_343_616),  # --pp 4 --microbatches 4: 4 in flight on stage 0
+    (Layout(1, 1, 4, 0, 4, "1f1b"), 3, False, 4_459_528),
+    # --dp 2 --pp 2 --microbatches 8 --schedule interleaved: unequal chunks (the embeddings on
+    # rank 0's first), so the peak comes after the warm-up
+    (Layout(2, 1, 2, 0, 8, "interleaved", 2), 0, False, 4_852_224),
+    (Layout(2, 1, 2, 0, 8, "interleaved", 2), 2, False, 2_950_920),
+])
+def test_activations_measured_by_minidist(layout, rank, sp, measured):
+    w = Workload(DEMO, 16, 64, "fp32", "minidist", sequence_parallel=sp)
+    assert rank_ledger(w, layout, rank)["activations"] == measured
+
+
+def test_in_flight_and_interleaved_peak_follow_the_schedules():
+    for p in (2, 3, 4):
+        for m in (1, 2, 3, 5, 8):
+            for r in range(p):
+                for name in ("gpipe", "1f1b"):
+                    assert in_flight(name, p, r, m) == S.peak_in_flight(S.make_schedule(name, r, p, m))
+    rng = random.Random(0)
+    for p in (2, 3, 4):
+        for v in (2, 3):
+            for m in (p, 2 * p, 5 * p):
+                for r in range(p):
+                    sizes = [rng.randint(1, 9) for _ in range(v)]  # unequal chunks: the peak can come late
+                    held = peak = 0
+                    for ins in S.make_schedule("interleaved", r, p, m, v):
+                        held += sizes[ins.chunk] * ((ins.kind == S.FORWARD) - (ins.kind == S.BACKWARD))
+                        peak = max(peak, held)
+                    assert interleaved_peak(sizes, p, r, m) == peak
+                    schedule = S.make_schedule("interleaved", r, p, m, v)
+                    assert in_flight("interleaved", p, r, m, v) == S.peak_in_flight(schedule)
+
+
+@pytest.mark.parametrize("layout", [Layout(1, 1, 4, 0, 4, "gpipe"), Layout(1, 2, 2, 0, 4, "interleaved", 2),
+                                    Layout(1, 1, 5, 0, 5, "1f1b"), Layout(2, 1, 2, 1, 2, "1f1b")])
+def test_heaviest_stage_is_the_largest_of_all(layout):
+    w = Workload(SMALL, 20, 8, "fp32", "minidist")
+    peaks = [rank_ledger(w, layout, s)["peak"] for s in range(layout.pp)]
+    assert heaviest_stage(w, layout)[1]["peak"] == max(peaks)
+
+
+def test_megatron_activations_and_vocab_padding():
+    cfg = GPTConfig(vocab_size=51200, block_size=2048, n_layer=96, n_head=96, n_embd=12288)
+    w = Workload(cfg, 1536, 2048)
+    s, b, h, a = 2048, 1, 12288, 96
+    # Korthikanti et al. 2022, Table 2: sbh(10 + 24/t + 5as/(ht)); with sequence parallelism sbh(34/t + 5as/(ht))
+    lay = Layout(1536, 8, 1, 0, 1)  # one micro-batch of b = 1, no pipeline
+    first_last = 1 * s * b * h + 4 * s * b * h * (1 + 51200 / h) / 8
+    assert rank_ledger(w, lay, 0)["activations"] == pytest.approx(96 * s * b * h * (10 + 24 / 8 + 5 * a * s / (h * 8))
+                                                                  + first_last)
+    assert padded_vocab(50257, 1) == 50304 and padded_vocab(50257, 8) == 51200
+
+
+# ----------------------------------------------------------------------------- time
+
+
+CFG = GPTConfig(vocab_size=512, block_size=32, n_layer=8, n_head=8, n_embd=64)
+LINKS = dict(intra_bandwidth=1e10, intra_latency=1e-6, inter_bandwidth=1e9, inter_latency=1e-5, flops=1e12)
+
+
+def test_terms_equal_the_formulas_by_hand():
+    w = Workload(CFG, 16, 32, "fp32", "minidist", overlap=False)
+    cluster = Cluster(8, 4, 1e12, **LINKS)
+    r = predict(w, Layout(dp=2, tp=2, pp=2, zero=0, microbatches=4, schedule="1f1b"), cluster)
+    flops = 72 * 16 * 32 * 8 * 64 ** 2 * (1 + 32 / (6 * 64) + 512 / (16 * 8 * 64))  # Narayanan et al. eq. 3, 72
+    assert flops_per_step(w) == pytest.approx(flops)
+    assert r["compute"] == pytest.approx(flops / 8e12)
+    assert r["bubble"] == pytest.approx(r["compute"] / 4)  # (p - 1)/m of the ideal time
+    assert r["bubble_fraction"] == pytest.approx(S.bubble_theory(2, 4))  # (p - 1)/(m + p - 1) of the step
+    act = 2 * 32 * 64 * 4  # b s h fp32, b = 16 / (dp 2 x m 4) = 2
+    # tp group of 2 inside a node: ring 2(t-1) alpha + 2(t-1)/t S beta; per micro-batch 4 per layer x 4 layers
+    # and the embedding's
+    assert r["tp"] == pytest.approx(4 * (4 * 4 + 1) * (2 * 1e-6 + act / 1e10))
+    assert r["bytes_sent"]["tp"] == 4 * 17 * act
+    # the pipeline's stages are dp x tp = 4 ranks apart: different nodes; 2(m + p - 1) messages on the
+    # critical path, and the all-reduce of the tied embedding's gradient (V C / t) between the two stages
+    wte = 512 * 64 // 2 * 4
+    assert r["pp"] == pytest.approx(2 * (4 + 1) * (1e-5 + act / 1e9) + (2 * 1e-5 + wte / 1e9))
+    assert r["bytes_sent"]["pp"] == 4 * act and r["bytes_sent"]["embedding"] == wte  # p = 2: one way per rank
+    # dp group (stride tp = 2, 2 per node of 4): inside; all-reduce of the first stage's tp shard
+    grads = 4 * ((512 * 64 // 2 + 32 * 64) + 4 * ((12 * 64 * 64 + 7 * 64) // 2 + 6 * 64))
+    assert r["dp"] == pytest.approx(2 * 1e-6 + grads / 1e10)
+    assert r["bytes_sent"]["dp"] == grads
+    assert r["step_seconds"] == pytest.approx(sum(r[k] for k in ("compute", "bubble", "tp", "pp", "dp")))
+
+
+def test_interleaved_divides_the_bubble_and_multiplies_messages():
+    w = Workload(CFG, 16, 32, "fp32", "minidist", overlap=False)
+    cluster = Cluster(4, 4, 1e12, **LINKS)
+    plain = predict(w, Layout(1, 1, 4, 0, 8, "1f1b"), cluster)
+    inter = predict(w, Layout(1, 1, 4, 0, 8, "interleaved", 2), cluster)
+    assert inter["bubble"] == pytest.approx(plain["bubble"] / 2)
+    assert inter["bubble_fraction"] == pytest.approx(S.bubble_theory(4, 8, 2))
+    act = 2 * 32 * 64 * 4
+    wte = 512 * 64 * 4
+    assert inter["pp"] == pytest.approx(2 * (2 * 8 + 3) * (1e-6 + act / 1e10) + 2 * 1e-6 + wte / 1e10)  # one node
+    assert inter["bytes_sent"]["pp"] == 2 * plain["bytes_sent"]["pp"]
+
+
+def test_groups_that_span_nodes_use_the_two_level_model():
+    w = Workload(CFG, 16, 32, "fp32", "minidist", overlap=False)
+    cluster = Cluster(8, 2, 1e12, **LINKS)
+    assert group_span("tp", 2, 4, 1, 2) == (4, 2, 2) and group_span("dp", 2, 2, 2, 2) == (2, 1, 2)
+    assert group_span("tp", 1, 8, 1, 8) == (8, 8, 1) and group_span("pp", 1, 1, 4, 4) == (4, 4, 1)
+    assert group_span("embedding", 1, 1, 4, 4) == (2, 2, 1) and group_span("embedding", 2, 1, 3, 4) == (2, 1, 2)
+    r = predict(w, Layout(1, 4, 2, 0, 1, "1f1b"), cluster)  # tp = 4 > 2 per node
+    act = 16 * 32 * 64 * 4
+    links = (1e-6, 1e-10, 1e-5, 1e-9)
+    one = min(cost.predict_two_level(a, 2, 2, act, *links) for a in ("ring", "hierarchical"))
+    assert r["tp"] == pytest.approx((4 * 4 + 1) * one)
+    r = predict(w, Layout(4, 1, 2, 0, 1, "1f1b"), cluster)  # dp group of 4, stride 1: 2 nodes of 2
+    grads = 4 * sum(rank_units(CFG, 1, 2, 0))
+    two_level = [cost.predict_two_level(a, 2, 2, grads, *links) for a in ("ring", "hierarchical")]
+    assert r["dp"] == pytest.approx(min(two_level))
+
+
+def test_zero_traffic_and_overlap():
+    w = Workload(CFG, 16, 32, "fp32", "minidist", overlap=False)
+    cluster = Cluster(4, 4, 1e12, **LINKS)
+    sent = [predict(w, Layout(4, 1, 1, z), cluster)["bytes_sent"]["dp"] for z in range(4)]
+    assert sent[1] == sent[2] == sent[0] and sent[3] == pytest.approx(1.5 * sent[0])  # ZeRO paper: 1.5x at stage 3
+    hidden = Workload(CFG, 16, 32, "fp32", "minidist", overlap=True)
+    r0, r = predict(w, Layout(4, 1, 1, 0, 2), cluster), predict(hidden, Layout(4, 1, 1, 0, 2), cluster)
+    # DDP's buckets hide behind the last micro-batch's backward (2/3 of its compute)
+    assert r["dp"] == pytest.approx(max(0.0, r0["dp"] - r0["compute"] * 2 / 3 / 2))
+
+
+# ----------------------------------------------------------------------------- the search
+
+
+def test_every_invalid_layout_is_excluded_and_every_valid_one_kept():
+    config = GPTConfig(vocab_size=50, block_size=8, n_layer=4, n_head=4, n_embd=16)
+    world, batch = 8, 8
+    grid = {Layout(d, t, p, z, m, s, v) for d in (1, 2, 3, 4, 8) for t in (1, 2, 4, 8) for p in (1, 2, 4, 8)
+            for z in range(4) for m in range(1, 9) for s in (None, *SCHEDULES) for v in (1, 2, 3)}
+    for pad in (False, True):
+        valid = {lay for lay in grid if why_invalid(config, world, lay, batch, pad) is None}
+        assert set(candidate_layouts(config, world, batch, pad_vocab=pad)) == valid
+        assert any(lay.tp == 4 for lay in valid) == pad  # vocab 50: tp 4 only with padding
+    config = GPTConfig(vocab_size=64, block_size=8, n_layer=4, n_head=4, n_embd=16)
+    reasons = {
+        Layout(2, 2, 2, 0): "pp=2 needs a schedule",
+        Layout(4, 1, 2, 2, 1, "1f1b"): "ZeRO stage 2 with pp=2",
+        Layout(1, 1, 8, 0, 1, "1f1b"): "pp=8 stages but only n_layer=4",
+        Layout(1, 8, 1): "tp=8 does not divide n_head=4",
+        Layout(1, 1, 2, 0, 3, "interleaved", 2): "m=3 micro-batches do not divide",
+        Layout(1, 1, 2, 0, 2, "interleaved", 3): "pp=2 x v=3 = 6 chunks",
+        Layout(1, 1, 4, 0, 2, "interleaved", 1): "needs virtual_stages >= 2",
+        Layout(2, 1, 4, 0, 2, "1f1b"): "dp=2 x tp=1 x pp=4 = 8 devices, not 4",
+        Layout(1, 2, 4, 1, 1, "1f1b"): "ZeRO stage 1 needs dp > 1",
+        Layout(8, 1, 1, 0, 2): "m=2 micro-batches do not divide the replica's batch 1",
+    }
+    for lay, reason in reasons.items():
+        devices = 4 if "not 4" in reason else lay.dp * lay.tp * lay.pp
+        assert reason in why_invalid(config, devices, lay, batch)
+
+
+def test_layouts_that_do_not_fit_are_reported_not_dropped():
+    w = Workload(DEMO, 16, 64, "fp32", "minidist")
+    cluster = Cluster(4, 4, memory=20e6)
+    rows = plan(w, cluster)
+    assert len(rows) == len(candidate_layouts(DEMO, 4, 16)) == 79
+    fits = [r["fits"] for r in rows]
+    assert 0 < sum(fits) < len(rows) and fits == sorted(fits, reverse=True)  # those that fit first
+    assert all((r["memory"]["peak"] <= 20e6) == r["fits"] for r in rows)
+    table = format_table(rows, len(rows), cluster)
+    assert table.count("no (> 20 MB)") == len(rows) - sum(fits)
+    assert f"{len(rows) - sum(fits)} of 79 layouts do not fit in 20 MB" in table
+
+
+def test_cli_table_and_json(tmp_path, capsys):
+    path = tmp_path / "plan.json"
+    assert main(["--gpus", "4", "--memory", "0.02", "--top", "3", "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "79 valid layouts" in out and "do not fit in 20 MB" in out
+    report = json.loads(path.read_text())
+    assert len(report["layouts"]) == 79 and report["model"]["n_embd"] == 128
+    best = report["layouts"][0]
+    assert best["rank"] == 1 and best["fits"] and set(best["memory"]) >= {"params", "grads", "optimizer", "activations"}
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--gpus", "4", "--n-embd", "130"], "--n-embd 130 is not divisible by --n-head 4"),
+    (["--gpus", "7"], "no valid layout of 7 devices"),
+    (["--gpus", "0"], "argument --gpus"),
+    (["--gpus", "4", "--zero", "4"], "argument --zero"),
+    (["--gpus", "4", "--memory", "-1"], "argument --memory"),
+    ([], "--gpus"),
+])
+def test_errors_are_one_line(argv, words, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and words in err and len(err.strip().splitlines()) == 1
+
+
+# ----------------------------------------------------------------------------- GPT-3 175B
+
+
+@pytest.fixture(scope="module")
+def gpt3():
+    return GPTConfig(**PRESETS["gpt3-175b"][0])
+
+
+@pytest.mark.parametrize("gpus", [512, 1024, 2048])
+def test_gpt3_best_layouts_follow_megatron_rules_of_thumb(gpt3, gpus):
+    """Narayanan et al. 2021, section 3.3: tensor parallelism up to the GPUs of a node, pipeline
+    parallelism across nodes, data parallelism for the rest; the model-parallel size t·p just large
+    enough to fit (here: within one doubling of the smallest t·p that fits without ZeRO-2/3, the
+    layouts where model parallelism is what makes the model fit)."""
+    cluster = Cluster(gpus, 8, 80e9, 300e9, 2e-6, 25e9, 5e-6, 150e12)  # A100-80GB nodes, NVLink, 200 Gb/s IB per GPU
+    rows = plan(Workload(gpt3, 1536, 2048, "mixed", "megatron"), cluster)
+    smallest = min(r["layout"]["tp"] * r["layout"]["pp"] for r in rows if r["fits"] and r["layout"]["zero"] <= 1)
+    for r in rows[:5]:
+        d, t, p = (r["layout"][k] for k in ("dp", "tp", "pp"))
+        assert r["fits"] and t <= 8 and group_span("tp", d, t, p, 8)[2] == 1  # tp inside a node
+        assert p > 1 and group_span("pp", d, t, p, 8)[2] > 1                  # the pipeline crosses nodes
+        assert d > 1 and d * t * p == gpus                             # dp for the rest
+    best = rows[0]["layout"]
+    assert smallest <= best["tp"] * best["pp"] <= 2 * smallest
+    if gpus == 1024:
+        assert best["tp"] * best["pp"] == smallest == 32
+
+
+def test_flops_are_six_per_parameter_and_token(gpt3):
+    w = Workload(gpt3, 1536, 2048)
+    tokens, params = 1536 * 2048, memory.param_count(gpt3)
+    assert flops_per_step(w) / (6 * params * tokens) == pytest.approx(1.03, abs=0.01)
+    assert flops_per_step(Workload(gpt3, 1536, 2048, recompute=True)) == pytest.approx(flops_per_step(w) * 96 / 72)
+
+
+# ----------------------------------------------------------------------------- the benchmark's helpers
+
+
+def test_spearman():
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    # ties share their mean rank: ranks (1, 2.5, 2.5, 4) and (1, 3, 2, 4): 4.5 / sqrt(4.5 x 5)
+    assert spearman([1, 2, 2, 3], [1, 3, 2, 4]) == pytest.approx(4.5 / np.sqrt(22.5))
+    with pytest.raises(ValueError):
+        spearman([1], [2])
+
+
+def test_demo_flags():
+    assert demo_flags({"dp": 2, "tp": 1, "pp": 2, "zero": 1, "microbatches": 4, "schedule": "interleaved",
+                       "virtual_stages": 2}) == ["--dp", "2", "--pp", "2", "--zero", "1", "--microbatches", "4",
+                                                 "--schedule", "interleaved", "--virtual-stages", "2"]
+    assert demo_flags({"dp": 4, "tp": 1, "pp": 1, "zero": 0, "microbatches": 2, "schedule": None,
+                       "virtual_stages": 1}) == ["--dp", "4", "--accumulation", "2"]
