@@ -133,6 +133,9 @@ def check_args(args, world_size: int):
     except (ValueError, OSError) as error:  # OSError: a file that cannot be read, e.g. /proc/self/mem
         why = f"cannot read it ({error.strerror})" if getattr(error, "strerror", None) else error
         raise ValueError(f"--data {args.data} --block-size {args.block_size}: {why}") from None
+    if args.precision != "fp32" and args.dtype != "float32":
+        raise ValueError(f"--precision {args.precision} keeps fp32 master weights: it needs --dtype float32 "
+                         f"(--dtype {args.dtype} is the exactness mode)")
     kind, layout = strategies.choose(args, config, world_size)
     if args.save and kind is None:
         raise ValueError("--save needs one layout (e.g. --dp N): the tour trains many models and keeps none")

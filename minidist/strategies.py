@@ -84,15 +84,9 @@ def choose(args, config, world_size: int) -> tuple[str | None, dict]:
 def low_precision_kind(kind: str, layout: dict, args) -> tuple[str, dict]:
     """Chapter 10: in bf16 or fp16, tensor and pipeline layouts run on the mesh trainer (which
     carries the master weights and the loss scaler through every combination): "tp" becomes
-    "tp4", "pp-1f1b" "pp4". ZeRO's sharded optimizers have no master weights yet: refused."""
-    precision = getattr(args, "precision", "fp32")
-    if precision == "fp32" or kind in ("serial", "dp", "dp-naive"):
-        return kind, layout
-    if layout["zero"] or kind.startswith("zero"):
-        raise ValueError(f"--precision {precision} with --zero: ZeRO's sharded optimizers keep no fp32 master "
-                         "weights yet (16-bit training runs serial, --dp, --tp, --pp and their compositions)")
-    mesh = parse_mesh_name(kind)
-    if mesh is not None:
+    "tp4", "pp-1f1b" "pp4". The other kinds carry them themselves."""
+    model_parallel_alone = kind in ("tp", "tp-sp", "mp") or kind.startswith("pp-")
+    if getattr(args, "precision", "fp32") == "fp32" or not model_parallel_alone:
         return kind, layout
     return mesh_name(layout["dp"], layout["tp"], layout["pp"], sequence_parallel=kind == "tp-sp"), layout
 
@@ -145,7 +139,8 @@ def make_mesh_trainer(mesh: dict, args, config, task, world, settings):
     if mesh["zero"] >= 2:
         trainer = zero_tensor.STAGES[mesh["zero"]]
         return trainer(config, settings, task, args.batch_size, seed=args.seed, group=world, dp=mesh["dp"],
-                       tp=mesh["tp"], sequence_parallel=mesh["sequence_parallel"])
+                       tp=mesh["tp"], sequence_parallel=mesh["sequence_parallel"],
+                       precision=getattr(args, "precision", "fp32"))
     pipeline = mesh["pp"] > 1
     return MeshTrainerFor(mesh["zero"])(
         config, settings, task, args.batch_size, seed=args.seed, group=world, dp=mesh["dp"], tp=mesh["tp"],
@@ -173,7 +168,8 @@ def make_trainer(kind: str, args, config, task, world):
         return TensorParallelTrainer(config, settings, task, args.batch_size, group=world,
                                      sequence_parallel=kind == "tp-sp", **common)
     if kind.startswith("zero"):
-        return ZeroTrainer(config, settings, task, args.batch_size, group=world, stage=int(kind[-1]), **common)
+        return ZeroTrainer(config, settings, task, args.batch_size, group=world, stage=int(kind[-1]),
+                           precision=precision, **common)
     if kind == "mp":
         return PipelineTrainer(config, settings, task, args.batch_size, group=world, microbatches=1, **common)
     if kind.startswith("pp-"):
@@ -211,11 +207,7 @@ def tour_plan(args, config, world_size: int) -> tuple[list, list[str]]:
         except ValueError as why:
             skipped.append(f"pp-interleaved: {why}")
     plan += [(kind, layout, None) for kind, layout in mesh_plan(args, config, n)]
-    if getattr(args, "precision", "fp32") != "fp32":  # chapter 10: ZeRO rows wait for master weights
-        skipped += [f"{kind}: --precision {args.precision} with ZeRO is not built yet" for kind, _, _ in plan
-                    if kind.startswith("zero")]
-        plan = [(low_precision_kind(kind, layout, args)[0], layout, ranks) for kind, layout, ranks in plan
-                if not kind.startswith("zero")]
+    plan = [(low_precision_kind(kind, layout, args)[0], layout, ranks) for kind, layout, ranks in plan]
     return plan, skipped
 
 

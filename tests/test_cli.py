@@ -15,8 +15,8 @@ import pytest
 from minidist.comm.launch import find_mpiexec
 
 DEMO, MEMORY = ["minidist.demo"], ["minidist.memory"]
-STEP, DP, PIPELINE, ZERO, COLLECTIVES = (["minidist.bench", name] for name in
-                                         ("step", "dp", "pipeline", "zero", "collectives"))
+STEP, DP, PIPELINE, ZERO, COLLECTIVES, PLAN = (["minidist.bench", name] for name in
+                                               ("step", "dp", "pipeline", "zero", "collectives", "plan"))
 NO_DIR = "no/such/dir/out.json"
 
 CASES = [  # (program, flag, arguments, ranks)
@@ -58,7 +58,7 @@ CASES = [  # (program, flag, arguments, ranks)
     (DEMO, "--checkpoint", ["--checkpoint", "ckpt"], 2),  # nor checkpoints
     (DEMO, "--checkpoint-every", ["--checkpoint-every", "0"], 1),
     (DEMO, "--precision", ["--precision", "fp8"], 1),
-    (DEMO, "--precision", ["--precision", "bf16", "--dp", "2", "--zero", "1"], 2),
+    (DEMO, "--precision", ["--precision", "bf16", "--dtype", "float64"], 1),
     (DEMO, "--deepspeed-config", ["--deepspeed-config", "no/such.json"], 1),
     (DEMO, "--megatron-args", ["--megatron-args=--tensor-model-parallel-size 3"], 1),
     (MEMORY, "--params", ["--params", "1e30"], 1),
@@ -101,6 +101,17 @@ CASES = [  # (program, flag, arguments, ranks)
     (ZERO, "--batch-size", ["--batch-size", "3"], 2),  # not divisible by 2 ranks
     (ZERO, "--json", ["--json", NO_DIR], 1),
     (COLLECTIVES, "--json", ["--json", NO_DIR], 1),
+    (PLAN, "--ranks", ["--ranks", "1"], 1),
+    (PLAN, "--ranks", ["--ranks", "7"], 1),
+    (PLAN, "--steps", ["--steps", "1"], 1),
+    (PLAN, "--batch-size", ["--batch-size", "0"], 1),
+    (PLAN, "--n-layer", ["--n-layer", "0"], 1),
+    (PLAN, "--n-embd", ["--n-embd", "x"], 1),
+    (PLAN, "--n-head", ["--n-head", "3"], 1),
+    (PLAN, "--block-size", ["--block-size", "4"], 1),
+    (PLAN, "--match", ["--match", "zzz"], 1),
+    (PLAN, "--timeout", ["--timeout", "0"], 1),
+    (PLAN, "--json", ["--json", NO_DIR], 1),
     (COLLECTIVES, "--sizes", ["--sizes", "abc"], 1),
     (COLLECTIVES, "--sizes", ["--sizes", "1K,3"], 2),  # not whole float32 elements
     (COLLECTIVES, "--quick", ["--quick=1"], 1),
@@ -121,9 +132,9 @@ def test_every_flag_of_every_program_has_a_case():
     """The table keeps up with the parsers: a new flag without a bad-value row fails here."""
     from minidist.bench import __main__ as bench
 
-    assert bench.available() == ["collectives", "dp", "pipeline", "step", "zero"]
+    assert bench.available() == ["collectives", "dp", "pipeline", "plan", "step", "zero"]
     programs = ["minidist.demo", "minidist.memory", *(f"minidist.bench.{name}" for name in bench.available())]
-    assert len(programs) == 7
+    assert len(programs) == 8
     for program in programs:
         source = open(importlib.util.find_spec(program).origin).read()
         flags = set(re.findall(r'add_argument\(\s*"(--[a-z-]+)"', source))

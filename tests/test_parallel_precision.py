@@ -24,11 +24,33 @@ from minidist.precision import FORMATS
 CONFIG = dict(vocab_size=256, block_size=16, n_layer=2, n_head=2, n_embd=32)
 SETTINGS = dict(lr=3e-3, steps=10, warmup=2, min_lr=3e-4)
 STEPS, BATCH = 10, 16
-LAYOUTS = [dict(dp=2, tp=2), dict(tp=2, pp=2, microbatches=2), dict(dp=2, pp=2, microbatches=2)]
+LAYOUTS = [dict(dp=2, tp=2), dict(tp=2, pp=2, microbatches=2), dict(dp=2, pp=2, microbatches=2),
+           dict(dp=4, zero=1), dict(dp=4, zero=2), dict(dp=4, zero=3), dict(dp=2, tp=2, zero=3),
+           dict(dp=2, pp=2, microbatches=2, zero=1)]
 
 
 def name(layout):
     return "-".join(f"{k}{v}" for k, v in layout.items())
+
+
+def build(layout: dict, precision: str):
+    """The trainer of a layout: ZeRO over all ranks, ZeRO-2/3 over dp x tp, or the mesh."""
+    from minidist.comm import get_world
+    from minidist.data import make_task
+    from minidist.model import GPTConfig
+    from minidist.parallel.composed import MeshTrainerFor
+    from minidist.parallel.zero import ZeroTrainer
+    from minidist.parallel.zero_tensor import STAGES
+    from minidist.train import OptimSettings
+
+    options, zero = dict(layout), layout.get("zero", 0)
+    options.pop("zero", None)
+    common = (GPTConfig(**CONFIG), OptimSettings(**SETTINGS), make_task("sort", 16, seed=0), BATCH)
+    if zero and options == {"dp": 4}:
+        return ZeroTrainer(*common, group=get_world(), stage=zero, precision=precision)
+    if zero >= 2:
+        return STAGES[zero](*common, group=get_world(), precision=precision, **options)
+    return MeshTrainerFor(zero)(*common, group=get_world(), precision=precision, **options)
 
 
 def serial(precision):
@@ -43,24 +65,23 @@ def serial(precision):
 
 
 def mesh_program(layouts, precisions):
-    from minidist.comm import get_world, traffic
-    from minidist.data import make_task
-    from minidist.model import GPTConfig
-    from minidist.parallel.composed import MeshTrainer
-    from minidist.train import OptimSettings
+    from minidist.comm import traffic
 
     out = {}
     for precision in precisions:
         for layout in layouts:
-            trainer = MeshTrainer(GPTConfig(**CONFIG), OptimSettings(**SETTINGS), make_task("sort", 16, seed=0),
-                                  BATCH, group=get_world(), precision=precision, **layout)
+            trainer = build(layout, precision)
             traffic.reset()
             losses = [trainer.step(s)[0] for s in range(STEPS)]
             state = trainer.state_dict()
+            units = getattr(trainer, "units", None)
             out[precision, name(layout)] = {
                 "losses": losses, "memory": trainer.memory(), "traffic": traffic.by_label(traffic.snapshot()),
                 "state": None if state is None else {k: v.astype(np.float32) for k, v in state.items()},
-                "params": sum(p.size for p in trainer.stage.parameters())}
+                "params": sum(p.size for p in trainer.stage.parameters()) if units is None else None,
+                "padded": None if units is None else [u.padded for u in units],
+                "numel": None if units is None else sum(u.numel for u in units),
+                "ranks": None if units is None else trainer.optimizer.units[0].padded // trainer.optimizer.units[0].chunk}
     return out
 
 
@@ -112,10 +133,23 @@ def test_composed_layouts_follow_serial_within_the_formats_bounds(four, precisio
 
 
 def test_ledger_is_2_2_12_bytes_per_parameter_of_each_shard(four):
+    """2 + 2 + 12 bytes per parameter of a rank's shard; under ZeRO with K = 12 over N ranks (of
+    the padded units: each a multiple of N): stage 1 2 + 2 + 12/N, stage 2 2 + (2 + 12)/N,
+    stage 3 (2 + 2 + 12)/N."""
     for rank in four:
         for (precision, layout), r in rank.items():
-            n = r["params"]
-            assert (r["memory"]["params"], r["memory"]["grads"], r["memory"]["optimizer"]) == (2 * n, 2 * n, 12 * n)
+            got = (r["memory"]["params"], r["memory"]["grads"], r["memory"]["optimizer"])
+            if r["padded"] is None:
+                n = r["params"]
+                assert got == (2 * n, 2 * n, 12 * n), layout
+                continue
+            psi, n = sum(r["padded"]), r["ranks"]
+            stage = int(layout[layout.index("zero") + 4])
+            want = {1: (2 * psi, 2 * psi, 12 * psi // n), 2: (2 * psi, 2 * psi // n, 12 * psi // n),
+                    3: (2 * psi // n, 2 * psi // n, 12 * psi // n)}[stage]
+            if "pp" in layout:  # the mesh's ZeRO-1 accumulates micro-batches in the parameters' own .grad
+                want = (want[0], 2 * r["numel"], want[2])
+            assert got == want, (layout, got, want)
 
 
 def test_sixteen_bit_gradients_halve_the_dp_traffic(four):

@@ -186,6 +186,18 @@ def _flat(array: np.ndarray, name: str) -> np.ndarray:
     return array if array.ndim == 1 else array.reshape(-1)  # a view: results land in the caller's array
 
 
+def _sixteen_bit(dtype) -> bool:
+    return np.dtype(dtype).name in ("float16", "bfloat16")
+
+
+def _predivide(array: np.ndarray, n: int, out: np.ndarray):
+    """op="avg" of 16-bit floats (chapter 10) divides before it sums, as DeepSpeed's gradient
+    pre-division does: N values each below max/N cannot overflow where their sum would (fp16
+    tops out at 65504), and for N a power of two the division is exact. Returns the sum ufunc."""
+    np.multiply(array, np.float32(1.0 / n), out=out, casting="unsafe")
+    return OPS["sum"]
+
+
 def _op(op: str, dtype, name: str):
     if op not in OPS:
         raise ValueError(f"{name}: unknown op {op!r}; choose from {sorted(OPS)}")
@@ -210,6 +222,8 @@ def all_reduce(array: np.ndarray, op: str = "sum", group: World | None = None,
         raise ValueError(f"all_reduce: unknown algorithm {algorithm!r}; choose from {sorted(ALL_REDUCE)} or 'auto'")
     if needs_check(group):
         check_consistent(world, "all_reduce", buf.size, buf.dtype, op, algorithm=algorithm)
+    if op == "avg" and _sixteen_bit(buf.dtype):
+        op, ufunc = "sum", _predivide(buf, world.size, buf)
     finish = (lambda: np.divide(buf, world.size, out=buf)) if op == "avg" else None
     if world.size == 1 or buf.size == 0:
         return _run(None, None, array, async_op, finish)
@@ -337,6 +351,10 @@ def reduce_scatter(array: np.ndarray, op: str = "sum", group: World | None = Non
                          f"{buf.dtype}, got {out.shape} {out.dtype}")
     if needs_check(group):
         check_consistent(world, "reduce_scatter", buf.size, buf.dtype, op)
+    if op == "avg" and _sixteen_bit(buf.dtype):  # on a copy: the caller's array stays as it was
+        divided = np.empty_like(buf)
+        op, ufunc = "sum", _predivide(buf, world.size, divided)
+        buf = divided
 
     ctx = steps = None
     if buf.size > 0:

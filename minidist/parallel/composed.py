@@ -55,12 +55,12 @@ from minidist.parallel.mesh import DeviceMesh, check_mesh, layout
 from minidist.parallel.pipeline import PipelineStage, PipelineTrainer, check_layout, merge_stage_states
 from minidist.parallel.tensor_parallel import check_tensor_parallel, consolidate_state_dict, vocab_parallel_accuracy
 from minidist.parallel.tensor_stage import SequenceParallelStage, TensorParallelStage
-from minidist.parallel.zero_partition import FlatUnit, ShardedAdamW
+from minidist.parallel import zero_checkpoint
+from minidist.parallel.zero_partition import FlatUnit, ShardedAdamW, mixed_precision_step
 from minidist.precision import autocast
 from minidist.tensor import get_default_dtype
-from minidist.train import (OptimSettings, check_arrays, generator_states, load_generator_states, load_scaler_state,
-                            load_training_state, make_optimizer, make_scaler, precision_report, scaler_state,
-                            training_state)
+from minidist.train import (OptimSettings, load_scaler_state, load_training_state, make_optimizer, make_scaler,
+                            precision_report, scaler_state, training_state)
 
 
 def check_composed(config: GPTConfig, world_size: int, batch_size: int, dp: int = 1, tp: int = 1, pp: int = 1,
@@ -92,8 +92,6 @@ class MeshTrainer(PipelineTrainer):
                  schedule: str = "1f1b", virtual_stages: int | None = None, sequence_parallel: bool = False,
                  bucket_cap_bytes: int = 1 << 20, precision: str = "fp32"):
         world = resolve(group)
-        if precision != "fp32" and self.zero:
-            raise ValueError(f"--precision {precision} with ZeRO inside a mesh is not built yet: use --zero 0")
         v = virtual_stages if virtual_stages is not None else (2 if schedule == "interleaved" else 1)
         check_composed(config, world.size, batch_size, dp, tp, pp, microbatches, schedule, v, sequence_parallel,
                        self.zero)
@@ -259,8 +257,11 @@ class MeshZero1Trainer(MeshTrainer):
         self.grad_chunks = [np.zeros(u.chunk, dtype=u.dtype) for u in self.units]
         self.norm_weights = [u.flatten([np.full(p.shape, float(self.counted_in_norm(p))) for p in u.params])[u.lo:u.hi]
                              for u in self.units]
+        masters = None if self.masters is None else [  # 16-bit weights: fp32 masters of my chunks (chapter 10)
+            u.flatten([self.masters[id(p)] for p in u.params], dtype=np.float32)[u.lo:u.hi].copy() for u in self.units]
         self.optimizer = ShardedAdamW(self.units, [flat[u.lo:u.hi] for u, flat in zip(self.units, self.param_buffers)],
-                                      self.grad_chunks, self.settings.weight_decay)
+                                      self.grad_chunks, self.settings.weight_decay, masters)
+        self.module = self.stage  # what zero_checkpoint's per-rank state reads the generators from
 
     def accumulating(self):
         return contextlib.nullcontext()
@@ -271,13 +272,26 @@ class MeshZero1Trainer(MeshTrainer):
             reduce_scatter(unit.flatten([p.grad for p in unit.params]), op="avg", group=self.dp_group, out=chunk)
 
     def _global_grad_norm(self) -> float:
-        # chunks over dp, shards over tp, stages over pp: each element of the model counted once
-        return self.optimizer.grad_norm([self.dp_group, self.tp_group, self.group], self.norm_weights)
+        if self.precision != "fp32":
+            return float("nan")  # taken in update, of the unscaled fp32 chunks
+        return self.optimizer.grad_norm(self.norm_groups(), self.norm_weights)
+
+    def norm_groups(self) -> list:
+        """Chunks over dp, shards over tp, stages over pp: each element of the model counted once."""
+        return [self.dp_group, self.tp_group, self.group]
 
     def update(self, total_norm: float) -> None:
-        if self.settings.clip:
-            self.optimizer.clip_to(self.settings.clip, total_norm)
-        self.optimizer.step(self.settings.lr_at(self.step_index))
+        if self.precision != "fp32":
+            mixed_precision_step(self.optimizer, self.scaler, self.settings, self.step_index, self.mesh.world,
+                                 self.norm_groups(), self.norm_weights)
+        else:
+            if self.settings.clip:
+                self.optimizer.clip_to(self.settings.clip, total_norm)
+            self.optimizer.step(self.settings.lr_at(self.step_index))
+        self.all_gather_parameters()
+
+    def all_gather_parameters(self) -> None:
+        """The updated chunks to every replica: the stage's weights are whole again."""
         for flat, chunk in zip(self.param_buffers, self.optimizer.params):
             all_gather(chunk, group=self.dp_group, out=flat)
 
@@ -289,24 +303,12 @@ class MeshZero1Trainer(MeshTrainer):
         return ledger
 
     def checkpoint_state(self) -> dict[str, np.ndarray]:
-        """This rank's chunk of every unit (weights, moments), the step count, its generators."""
-        opt, state = self.optimizer, {"optimizer.step": np.array(self.optimizer.step_count)}
-        for unit, p, m, v in zip(self.units, opt.params, opt.exp_avg, opt.exp_avg_sq):
-            state[f"param.{unit.name}"] = p
-            state[f"optimizer.{unit.name}.exp_avg"], state[f"optimizer.{unit.name}.exp_avg_sq"] = m, v
-        return {**state, **generator_states(self.stage)}
+        """This rank's chunk of every unit (weights, moments, masters), the step count, its
+        generators and loss scale: ZeRO's own per-rank state (zero_checkpoint.py)."""
+        return zero_checkpoint.checkpoint_state(self)
 
     def load_checkpoint_state(self, state: dict[str, np.ndarray]) -> None:
-        """Collective over the dp group: the chunks back, then the stage's weights re-gathered."""
-        check_arrays(self.checkpoint_state(), state)
-        opt = self.optimizer
-        for unit, p, m, v in zip(self.units, opt.params, opt.exp_avg, opt.exp_avg_sq):
-            p[...], m[...] = state[f"param.{unit.name}"], state[f"optimizer.{unit.name}.exp_avg"]
-            v[...] = state[f"optimizer.{unit.name}.exp_avg_sq"]
-        opt.step_count = int(state["optimizer.step"])
-        load_generator_states(self.stage, state)
-        for flat, chunk in zip(self.param_buffers, opt.params):
-            all_gather(chunk, group=self.dp_group, out=flat)
+        zero_checkpoint.load_checkpoint_state(self, state)  # collective over dp: the weights re-gathered
 
 
 def MeshTrainerFor(zero: int = 0):

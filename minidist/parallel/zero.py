@@ -38,12 +38,15 @@ import numpy as np
 from minidist.comm import all_gather, all_reduce, reduce_scatter
 from minidist.comm.world import World, resolve
 from minidist.data import accuracy
+from minidist.mixed_precision import to_low_precision
 from minidist.model import GPT, GPTConfig
 from minidist.parallel import zero_checkpoint
 from minidist.parallel.fsdp import FullyShardedGPT
-from minidist.parallel.zero_partition import FlatUnit, LiveBytes, ShardedAdamW, make_units  # noqa: F401 (re-exported)
+from minidist.parallel.zero_partition import (FlatUnit, LiveBytes, ShardedAdamW, make_units,  # noqa: F401
+                                              mixed_precision_step)
+from minidist.precision import autocast
 from minidist.tensor import graph_bytes
-from minidist.train import OptimSettings, Trainer
+from minidist.train import OptimSettings, Trainer, make_scaler, precision_report
 
 
 # ----------------------------------------------------------------------------- stage 1
@@ -66,7 +69,7 @@ class Zero1Trainer(Trainer):
     stage, name = 1, "zero1"
 
     def __init__(self, config: GPTConfig, settings: OptimSettings, task, batch_size: int, seed: int = 0,
-                 group: World | None = None):
+                 group: World | None = None, precision: str = "fp32"):
         world = resolve(group)
         if batch_size % world.size:
             raise ValueError(f"global batch {batch_size} is not divisible by dp={world.size}")
@@ -76,15 +79,20 @@ class Zero1Trainer(Trainer):
         # Every rank builds the full model from the seed (same numbers as the serial run), then
         # keeps only what its stage needs. Real ZeRO-3 avoids ever materialising it (meta device).
         self.module = model = self.build_model(config, seed)
+        self.precision, self.scaler = precision, make_scaler(precision)
+        # chapter 10: 16-bit weights (so 16-bit units and gradients), fp32 masters of my chunks
+        masters = to_low_precision(model, precision) if precision != "fp32" else None
         self.units = make_units(model, world.size, world.rank)
         # chapter 8: ranks that cut the same units from the same weights make matching calls
         # every step, so the group is checked once here and each collective below is one line
         self.group = world.verify("the ZeRO units", [
             self.stage, bool(settings.clip), [(u.name, u.padded, np.dtype(u.dtype).str) for u in self.units],
             [float(np.sum(p.data, dtype=np.float64)) for p in model.parameters()]])
+        master_chunks = None if masters is None else [
+            u.flatten([masters[id(p)] for p in u.params], dtype=np.float32)[u.lo:u.hi].copy() for u in self.units]
         params = self._shard_parameters(model)
         grads = self._shard_gradients(model)
-        self.optimizer = ShardedAdamW(self.units, params, grads, settings.weight_decay)
+        self.optimizer = ShardedAdamW(self.units, params, grads, settings.weight_decay, master_chunks)
 
     def build_model(self, config: GPTConfig, seed: int):
         """The module each rank runs: the whole GPT (a DP x TP mesh gives each its tp shard)."""
@@ -137,18 +145,33 @@ class Zero1Trainer(Trainer):
         """One optimizer step on the global batch; returns (global mean loss, accuracy)."""
         x, y = self.task.get_batch(step, self.batch_size, self.group.rank, self.group.size)
         self._zero_grad()
-        logits, loss = self._forward(x, y)
+        with autocast(self.precision):  # fp32: nothing changes
+            logits, loss = self._forward(x, y)
         if not self.activation_bytes:  # every step builds the same graph: measure it once
             self.activation_bytes = graph_bytes(loss)
-        loss.backward()
+        self.scaler.scale_loss(loss).backward()  # fp32 and bf16: the loss itself
         self._finish_gradients()
-        if self.settings.clip:
-            self.optimizer.clip_grad_norm_(self.settings.clip, *self.norm_groups())
-        self.optimizer.step(self.settings.lr_at(step))
+        if self.precision == "fp32":
+            if self.settings.clip:
+                self.optimizer.clip_grad_norm_(self.settings.clip, *self.norm_groups())
+            self.optimizer.step(self.settings.lr_at(step))
+        else:
+            self.mixed_precision_step(step)
         self.all_gather_parameters()
         stats = np.array([loss.item(), self.accuracy(logits.data, y)])
         all_reduce(stats, op="avg", group=self.group)
         return float(stats[0]), float(stats[1])
+
+    def mixed_precision_step(self, step: int) -> None:
+        """Chapter 10: the update of the fp32 master chunks (`zero_partition.mixed_precision_step`)."""
+        mixed_precision_step(self.optimizer, self.scaler, self.settings, step, self.everyone(), *self.norm_groups())
+
+    def everyone(self) -> World:
+        """Every rank that holds a piece of the gradients: the dp group (a mesh: its world)."""
+        return self.group
+
+    def report(self) -> dict:
+        return precision_report(self.precision, self.scaler)
 
     def norm_groups(self) -> tuple[list, list | None]:
         """(groups, weights) for `ShardedAdamW.grad_norm`: the chunks of the whole model are
@@ -156,7 +179,7 @@ class Zero1Trainer(Trainer):
         return [self.group], None
 
     def accuracy(self, logits: np.ndarray, targets) -> float:
-        return accuracy(logits, targets)
+        return accuracy(np.asarray(logits, dtype=np.float32), targets)
 
     # -- measurements and state
     def memory(self) -> dict:
@@ -287,8 +310,8 @@ STAGES = {1: Zero1Trainer, 2: Zero2Trainer, 3: Zero3Trainer}
 
 
 def ZeroTrainer(config: GPTConfig, settings: OptimSettings, task, batch_size: int, seed: int = 0,
-                group: World | None = None, stage: int = 1) -> Zero1Trainer:
+                group: World | None = None, stage: int = 1, precision: str = "fp32") -> Zero1Trainer:
     """The trainer of ZeRO stage `stage` (1, 2 or 3): `ZeroTrainer(..., stage=2)` is a Zero2Trainer."""
     if stage not in STAGES:
         raise ValueError(f"ZeRO stage must be 1, 2 or 3, got {stage!r} (stage 0 is plain data parallelism)")
-    return STAGES[stage](config, settings, task, batch_size, seed=seed, group=group)
+    return STAGES[stage](config, settings, task, batch_size, seed=seed, group=group, precision=precision)

@@ -33,7 +33,7 @@ import numpy as np
 
 from minidist import checkpoint
 from minidist.comm import barrier
-from minidist.train import check_arrays, generator_states, load_generator_states
+from minidist.train import check_arrays, generator_states, load_generator_states, load_scaler_state, scaler_state
 
 FORMAT = "minidist-zero-v1"
 
@@ -71,6 +71,9 @@ def save_checkpoint(trainer, directory) -> None:
         arrays[f"param.{u}"] = opt.params[u]
         arrays[f"exp_avg.{u}"] = opt.exp_avg[u]
         arrays[f"exp_avg_sq.{u}"] = opt.exp_avg_sq[u]
+        if opt.masters is not None:  # 16-bit weights: their fp32 master chunk (chapter 10)
+            arrays[f"master.{u}"] = opt.masters[u]
+    arrays.update(scaler_state(trainer.scaler))
     data = checkpoint.npz_bytes(arrays)
     checkpoint.write_synced(directory / folder / _shard_name(world.rank, world.size), data)
     entries = world.comm.gather(checkpoint.describe(data, arrays), root=0)  # every shard is on disk ...
@@ -125,8 +128,9 @@ def load_checkpoint(trainer, directory) -> None:
     world, opt = trainer.group, trainer.optimizer
     saved = read_layout(directory)
     check_layout(saved, layout_of(trainer), directory)
-    pairs = [(f"{kind}.{u}", arrays[u]) for u in range(len(trainer.units))
-             for kind, arrays in (("param", opt.params), ("exp_avg", opt.exp_avg), ("exp_avg_sq", opt.exp_avg_sq))]
+    kinds = [("param", opt.params), ("exp_avg", opt.exp_avg), ("exp_avg_sq", opt.exp_avg_sq)]
+    kinds += [("master", opt.masters)] if opt.masters is not None else []
+    pairs = [(f"{kind}.{u}", arrays[u]) for u in range(len(trainer.units)) for kind, arrays in kinds]
     error = None
     try:
         shard = _read_shard(directory, saved, world.rank)
@@ -142,6 +146,7 @@ def load_checkpoint(trainer, directory) -> None:
     for key, mine in pairs:
         mine[...] = shard[key]
     opt.step_count = int(shard["step"])
+    load_scaler_state(trainer.scaler, shard)
     trainer.all_gather_parameters()  # stages 1-2 keep the full weights: rebuilt from the chunks
     barrier(world)
 
@@ -170,10 +175,12 @@ def checkpoint_state(trainer) -> dict[str, np.ndarray]:
     """`Trainer.checkpoint_state()` of a ZeRO trainer: this rank's chunk of every unit (weights,
     both moments), the step count, and the dropout generators of the model it runs."""
     opt, state = trainer.optimizer, {"optimizer.step": np.array(trainer.optimizer.step_count)}
-    for unit, p, m, v in zip(trainer.units, opt.params, opt.exp_avg, opt.exp_avg_sq):
+    for i, (unit, p, m, v) in enumerate(zip(trainer.units, opt.params, opt.exp_avg, opt.exp_avg_sq)):
         state[f"param.{unit.name}"] = p
         state[f"optimizer.{unit.name}.exp_avg"], state[f"optimizer.{unit.name}.exp_avg_sq"] = m, v
-    return {**state, **generator_states(_model(trainer))}
+        if opt.masters is not None:  # 16-bit weights: the fp32 master chunk (chapter 10)
+            state[f"optimizer.{unit.name}.master"] = opt.masters[i]
+    return {**state, **generator_states(_model(trainer)), **scaler_state(trainer.scaler)}
 
 
 def load_checkpoint_state(trainer, state: dict[str, np.ndarray]) -> None:
@@ -181,11 +188,14 @@ def load_checkpoint_state(trainer, state: dict[str, np.ndarray]) -> None:
     weights of stages 1-2 from the chunks. Collective."""
     check_arrays(checkpoint_state(trainer), state)
     opt = trainer.optimizer
-    for unit, p, m, v in zip(trainer.units, opt.params, opt.exp_avg, opt.exp_avg_sq):
+    for i, (unit, p, m, v) in enumerate(zip(trainer.units, opt.params, opt.exp_avg, opt.exp_avg_sq)):
         p[...], m[...] = state[f"param.{unit.name}"], state[f"optimizer.{unit.name}.exp_avg"]
         v[...] = state[f"optimizer.{unit.name}.exp_avg_sq"]
+        if opt.masters is not None:
+            opt.masters[i][...] = state[f"optimizer.{unit.name}.master"]
     opt.step_count = int(state["optimizer.step"])
     load_generator_states(_model(trainer), state)
+    load_scaler_state(trainer.scaler, state)
     trainer.all_gather_parameters()
 
 

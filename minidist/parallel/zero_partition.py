@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from minidist.comm import all_reduce
+from minidist.comm import all_reduce, any_rank
 from minidist.optim import adamw_update
 
 BETAS, EPS = (0.9, 0.95), 1e-8  # as train.make_optimizer builds the serial AdamW
@@ -45,9 +45,10 @@ class FlatUnit:
         self.chunk = self.padded // world_size
         self.lo, self.hi = rank * self.chunk, (rank + 1) * self.chunk
 
-    def flatten(self, arrays) -> np.ndarray:
-        """One padded flat buffer holding `arrays` (one per parameter; None counts as zeros)."""
-        flat = np.zeros(self.padded, dtype=self.dtype)
+    def flatten(self, arrays, dtype=None) -> np.ndarray:
+        """One padded flat buffer holding `arrays` (one per parameter; None counts as zeros), in
+        the unit's dtype or `dtype` (the fp32 masters of 16-bit weights, chapter 10)."""
+        flat = np.zeros(self.padded, dtype=dtype or self.dtype)
         for i, a in enumerate(arrays):
             if a is not None:
                 flat[self.offsets[i]:self.offsets[i + 1]] = a.ravel()
@@ -108,33 +109,39 @@ class ShardedAdamW:
 
     `params[u]` and `grads[u]` are unit u's owned chunks (views or arrays, updated in place).
     Bias correction uses the global step; weight decay follows each element's parameter.
+    With `masters` (fp32 copies of 16-bit chunks, chapter 10) AdamW updates the masters, from
+    fp32 gradients handed to `step`, and writes them, rounded, into `params`: with the moments,
+    12 bytes per owned element.
     """
 
-    def __init__(self, units: list[FlatUnit], params: list, grads: list, weight_decay: float):
-        self.units, self.params, self.grads = units, params, grads
+    def __init__(self, units: list[FlatUnit], params: list, grads: list, weight_decay: float,
+                 masters: list | None = None):
+        self.units, self.params, self.grads, self.masters = units, params, grads, masters
         self.weight_decay = weight_decay
         self.segments = [u.decay_segments() for u in units]
-        self.exp_avg = [np.zeros_like(p) for p in params]
-        self.exp_avg_sq = [np.zeros_like(p) for p in params]
+        updated = masters if masters is not None else params
+        self.exp_avg = [np.zeros_like(p) for p in updated]
+        self.exp_avg_sq = [np.zeros_like(p) for p in updated]
         self.step_count = 0
 
-    def grad_norm(self, groups: list, weights: list | None = None) -> float:
+    def grad_norm(self, groups: list, weights: list | None = None, grads: list | None = None) -> float:
         """The whole model's gradient norm from the chunks: each rank sums its squares (the padding
         adds zeros), an all-reduce over each of `groups` adds the partial sums: [the group of the
         chunks], or in a mesh [dp, tp, pp]. `weights[u]`: 1 where an element
         counts on this rank, 0 where another rank counts it (a replicated parameter, once)."""
-        weights = weights or [None] * len(self.grads)
+        grads = self.grads if grads is None else grads
+        weights = weights or [None] * len(grads)
         squares = np.array([sum(float(np.dot(g, g)) if w is None else float(np.dot(g * w, g))
-                                for g, w in zip(self.grads, weights))])
+                                for g, w in zip(grads, weights))])
         for group in groups:
             all_reduce(squares, op="sum", group=group)
         return math.sqrt(float(squares[0]))
 
-    def clip_to(self, max_norm: float, total_norm: float) -> None:
+    def clip_to(self, max_norm: float, total_norm: float, grads: list | None = None) -> None:
         """Scale the chunks as optim.clip_grad_norm_ scales whole gradients."""
         scale = max_norm / (total_norm + 1e-6)
         if scale < 1.0:
-            for g in self.grads:
+            for g in self.grads if grads is None else grads:
                 g *= scale
 
     def clip_grad_norm_(self, max_norm: float, groups: list, weights: list | None = None) -> float:
@@ -143,13 +150,37 @@ class ShardedAdamW:
         self.clip_to(max_norm, total)
         return total
 
-    def step(self, lr: float) -> None:
+    def step(self, lr: float, grads: list | None = None) -> None:
+        """AdamW on the owned chunks (`grads`: fp32 gradients, with masters; default the chunks')."""
         self.step_count += 1
+        grads = self.grads if grads is None else grads
+        updated = self.masters if self.masters is not None else self.params
         for u in range(len(self.units)):
-            p, g, m, v = self.params[u], self.grads[u], self.exp_avg[u], self.exp_avg_sq[u]
+            p, g, m, v = updated[u], grads[u], self.exp_avg[u], self.exp_avg_sq[u]
             for a, b, decay in self.segments[u]:
                 adamw_update(p[a:b], g[a:b], m[a:b], v[a:b], self.step_count, lr, BETAS, EPS,
                              self.weight_decay if decay else 0.0)
+            if self.masters is not None:
+                self.params[u][...] = p  # the master, rounded to the 16-bit chunk
 
     def nbytes(self) -> int:
-        return sum(m.nbytes + v.nbytes for m, v in zip(self.exp_avg, self.exp_avg_sq))
+        masters = sum(m.nbytes for m in self.masters) if self.masters is not None else 0
+        return masters + sum(m.nbytes + v.nbytes for m, v in zip(self.exp_avg, self.exp_avg_sq))
+
+
+def mixed_precision_step(optimizer: ShardedAdamW, scaler, settings, step: int, everyone, norm_groups: list,
+                         norm_weights: list | None = None) -> bool:
+    """Chapter 10 on chunks (every ZeRO trainer's): fp32 copies of this rank's gradient chunks,
+    unscaled; all ranks in `everyone` agree on an overflow (each saw only its chunks); clip by the
+    whole model's norm (`norm_groups`, `norm_weights` as in `grad_norm`); AdamW on the fp32
+    masters, rounded into the 16-bit chunks. Returns True if the step was skipped."""
+    grads = [g.astype(np.float32) for g in optimizer.grads]
+    found_inf = any_rank(scaler.unscale_(grads), everyone)
+    skipped = scaler.should_skip(found_inf)
+    if not skipped:
+        if settings.clip:
+            optimizer.clip_to(settings.clip, optimizer.grad_norm(norm_groups, norm_weights, grads), grads)
+        optimizer.step(settings.lr_at(step), grads)
+    scaler.update(found_inf)
+    scaler.record(step, skipped)
+    return skipped

@@ -34,12 +34,13 @@ class TensorParallelShards:
     """What a ZeRO stage needs to change to run over a tp shard (mixed in before the stage)."""
 
     def __init__(self, config: GPTConfig, settings: OptimSettings, task, batch_size: int, seed: int = 0,
-                 group: World | None = None, dp: int = 1, tp: int = 1, sequence_parallel: bool = False):
+                 group: World | None = None, dp: int = 1, tp: int = 1, sequence_parallel: bool = False,
+                 precision: str = "fp32"):
         world = resolve(group)
         check_mesh(world.size, dp, tp, 1, config, batch_size)
         check_tensor_parallel(config, tp, sequence_parallel)
         self.mesh, self.sequence_parallel = DeviceMesh(world, dp=dp, tp=tp), sequence_parallel
-        super().__init__(config, settings, task, batch_size, seed, group=self.mesh.dp_group)
+        super().__init__(config, settings, task, batch_size, seed, group=self.mesh.dp_group, precision=precision)
         self.name = f"dp{dp}-tp{tp}" + ("-sp" if sequence_parallel else "") + f"-zero{self.stage}"
         self.model = None  # the module is a shard: nothing to sample from on one rank
         self.norm_weights = [u.flatten([np.full(shape, float(self.counted_in_norm(p)))
@@ -48,6 +49,9 @@ class TensorParallelShards:
     def build_model(self, config: GPTConfig, seed: int):
         model = SequenceParallelGPT if self.sequence_parallel else TensorParallelGPT
         return model(config, self.mesh.tp_group, seed=seed)
+
+    def everyone(self) -> World:
+        return self.mesh.world  # dp chunks of tp shards: every rank holds a piece
 
     def complete_partial_gradients(self, params: list) -> None:
         allreduce_partial_grads(params, self.module.group)  # sequence parallelism's, over tp
@@ -59,6 +63,7 @@ class TensorParallelShards:
         return [self.group, self.module.group], self.norm_weights  # chunks over dp, shards over tp
 
     def accuracy(self, logits: np.ndarray, targets) -> float:
+        logits = np.asarray(logits, dtype=np.float32)
         return vocab_parallel_accuracy(logits, targets, self.module.group, self.module.vocab_start_index())
 
     def state_dict(self) -> dict | None:
