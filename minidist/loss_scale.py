@@ -191,6 +191,7 @@ class DynamicLossScaler:
         self._unscaled = False
         if not self.enabled:
             return
+        ### BEGIN SOLUTION assignment=loss_scaler_update
         if bool(found_inf):
             self.scale = _fp32(self.scale * self.backoff_factor)
             self.growth_tracker = 0
@@ -203,6 +204,7 @@ class DynamicLossScaler:
             self.growth_tracker = 0
         else:
             self.growth_tracker = successful
+        ### END SOLUTION
 
     def record(self, step: int, skipped: bool) -> None:
         """Append (step, scale now, skipped) to `history`: call it after update()."""

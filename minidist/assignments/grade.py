@@ -3,6 +3,7 @@ first on the path; a test that hangs (a deadlock) fails with a message when its 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import tempfile
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
+from minidist.assignments.markers import repository_root
 from minidist.assignments.registry import Assignment
 
 TEST_TIMEOUT = 120      # seconds per test (pytest-timeout), then the whole run's limit below
@@ -38,13 +40,14 @@ def grade_one(assignment: Assignment, student: Path, test_timeout: int = TEST_TI
               run_timeout: int = RUN_TIMEOUT) -> dict:
     """Points for one assignment: its share of graded tests that pass, times its points."""
     student = student.resolve()
+    restore_hidden_tests(assignment, student)
     env = {**os.environ, **assignment.env, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(student), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     with tempfile.TemporaryDirectory() as scratch:
         junit = Path(scratch) / "report.xml"
         command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
                    f"--rootdir={student}", f"--timeout={test_timeout}", f"--junitxml={junit}",
-                   *assignment.tests]
+                   *assignment.tests, *assignment.hidden]
         # a session of its own, so that a hung mpiexec and its ranks go down with pytest
         proc = subprocess.Popen(command, cwd=student, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -59,11 +62,23 @@ def grade_one(assignment: Assignment, student: Path, test_timeout: int = TEST_TI
     if not rows:  # nothing ran: an import error, a collection error or the time limit
         last = [line for line in output.strip().splitlines() if line.strip()][-3:]
         rows = [{"test": test, "passed": False, "message": " | ".join(last)[:500] or "did not run"}
-                for test in assignment.tests]
+                for test in (*assignment.tests, *assignment.hidden)]
     passed = sum(row["passed"] for row in rows)
     return {"name": assignment.name, "chapter": assignment.chapter, "max_points": assignment.points,
             "points": round(assignment.points * passed / len(rows), 2), "passed": passed,
             "tests": len(rows), "failures": [row for row in rows if not row["passed"]]}
+
+
+def restore_hidden_tests(assignment: Assignment, student: Path) -> None:
+    """Put the instructor's hidden tests of `assignment` into the student's copy (a student build
+    has none; a copy the student changed gets the instructor's files back)."""
+    root = repository_root()
+    for test in assignment.hidden:
+        path = test.split("::")[0]
+        source, target = root / path, student / path
+        if source.resolve() != target.resolve():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
 
 
 def grade(assignments: list[Assignment], student: Path, **limits) -> dict:

@@ -20,6 +20,7 @@ class Assignment:
     where: str            # the function(s) the student writes
     tests: tuple[str, ...]
     env: dict = field(default_factory=dict)  # environment the graded tests run under
+    hidden: tuple[str, ...] = ()  # graded tests in hidden_tests/: not in the student build, restored to grade
 
 
 ASSIGNMENTS = [
@@ -27,13 +28,15 @@ ASSIGNMENTS = [
                ("tests/test_optim.py::test_adamw_matches_hand_computed_steps",
                 "tests/test_optim.py::test_adamw_first_step_moves_each_weight_by_lr",
                 "tests/test_optim.py::test_adamw_update_function_in_place"),
-               env={"MINIDIST_KERNELS": "plain"}),  # the default fast kernels take another path
+               env={"MINIDIST_KERNELS": "plain"},  # the default fast kernels take another path
+               hidden=("hidden_tests/test_hidden_optim.py",)),  # the default fast kernels take another path
     Assignment("ddp_bucket_hook", 3, 3, 45,
                "minidist/parallel/data_parallel.py DistributedDataParallel._grad_ready and _launch",
                ("minidist/assignments/checks/test_ddp_bucket_hook.py",)),
     Assignment("one_f_one_b", 5, 2, 30, "minidist/parallel/schedules.py one_f_one_b",
                ("tests/test_schedules.py::test_1f1b_warmup_is_p_minus_rank_minus_1_forwards",
-                "tests/test_schedules.py::test_activations_held_gpipe_m_and_1f1b_p_minus_rank")),
+                "tests/test_schedules.py::test_activations_held_gpipe_m_and_1f1b_p_minus_rank"),
+               hidden=("hidden_tests/test_hidden_schedules.py",)),
     Assignment("tensor_parallel_f_g", 6, 2, 30,
                "minidist/parallel/tensor_layers.py f (CopyToTensorParallelRegion.backward) and "
                "g (ReduceFromTensorParallelRegion.forward)",
@@ -41,10 +44,20 @@ ASSIGNMENTS = [
     Assignment("ring_all_reduce", 7, 3, 45,
                "minidist/comm/algorithms.py all_reduce_ring and _ring_reduce_scatter_inplace",
                ("tests/test_comm_sim.py::test_ring_traffic_is_2_n_minus_1_over_n",
-                "tests/test_comm_sim.py::test_all_reduce_algorithms")),
+                "tests/test_comm_sim.py::test_all_reduce_algorithms"),
+               hidden=("hidden_tests/test_hidden_ring.py",)),
+    Assignment("zero1_partition", 8, 3, 45,
+               "minidist/parallel/zero.py Zero1Trainer._finish_gradients and all_gather_parameters "
+               "(reduce-scatter each unit's gradients, all-gather the updated chunks)",
+               ("tests/test_parallel_zero.py::test_zero_equals_serial",)),
     Assignment("mesh_groups", 9, 2, 30, "minidist/parallel/mesh.py layout's members (a rank's group along one axis)",
                ("tests/test_mesh.py::test_layout_groups_partition_the_world",
-                "tests/test_mesh.py::test_layout_of_eight_ranks_is_megatrons")),
+                "tests/test_mesh.py::test_layout_of_eight_ranks_is_megatrons"),
+               hidden=("hidden_tests/test_hidden_mesh.py",)),
+    Assignment("loss_scaler_update", 10, 2, 20, "minidist/loss_scale.py DynamicLossScaler.update (back off, grow)",
+               ("tests/test_loss_scale.py::test_hand_derived_sequence",
+                "tests/test_loss_scale.py::test_growth_stops_at_the_largest_float32"),
+               hidden=("hidden_tests/test_hidden_loss_scale.py",)),
 ]
 
 BY_NAME = {a.name: a for a in ASSIGNMENTS}

@@ -130,16 +130,20 @@ class Zero1Trainer(Trainer):
     def _finish_gradients(self) -> None:
         """Each rank needs only its chunk of the mean gradient: one reduce-scatter per unit."""
         self.complete_partial_gradients([p for unit in self.units for p in unit.params])
+        ### BEGIN SOLUTION assignment=zero1_partition
         for unit, flat in zip(self.units, self.grad_buffers):
             chunk = reduce_scatter(flat, op="avg", group=self.group)  # a chunk-sized temporary
             self.live.add(chunk.nbytes)
             flat[unit.lo:unit.hi] = chunk  # the owned part of the buffer now holds the mean
             self.live.sub(chunk.nbytes)
+        ### END SOLUTION
 
     def all_gather_parameters(self) -> None:
         """Every rank needs every updated weight for the next forward: gather the chunks."""
+        ### BEGIN SOLUTION assignment=zero1_partition
         for flat, shard in zip(self.param_buffers, self.optimizer.params):
             all_gather(shard, group=self.group, out=flat)
+        ### END SOLUTION
 
     def step(self, step: int):
         """One optimizer step on the global batch; returns (global mean loss, accuracy)."""
