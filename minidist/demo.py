@@ -54,6 +54,7 @@ from minidist.comm import all_reduce_algorithm, faults, traffic
 from minidist.comm.collectives import ALL_REDUCE
 from minidist.kernels import kernels
 from minidist.model import GPTConfig
+from minidist.recompute import check_recompute
 from minidist.parallel import checkpointing
 from minidist.runtime import limit_threads_per_rank, tune_malloc
 from minidist.tensor import set_default_dtype
@@ -104,6 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="all-reduce algorithm of every strategy (chapter 7); auto: shared memory on one machine")
     p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
                    help="compute in 16 bits with fp32 master weights (chapter 10); fp16 with a dynamic loss scale")
+    p.add_argument("--recompute", choices=["none", "full", "selective"], default="none",
+                   help="activation checkpointing (chapter 11): rerun each block, or only attention's core, in backward")
+    p.add_argument("--segments", type=positive, default=None,
+                   help="with --recompute full: checkpoint this many runs of consecutive blocks (default one per block)")
     p.add_argument("--kernels", choices=["fast", "plain"], default="fast",
                    help="the operations' code path (chapter 1): fused_fast.py, or fused.py as its formulas")
     p.add_argument("--json", metavar="PATH", help="write the run's measurements as JSON (rank 0)")
@@ -136,7 +141,12 @@ def check_args(args, world_size: int):
     if args.precision != "fp32" and args.dtype != "float32":
         raise ValueError(f"--precision {args.precision} keeps fp32 master weights: it needs --dtype float32 "
                          f"(--dtype {args.dtype} is the exactness mode)")
+    try:
+        check_recompute(args.recompute, args.segments, args.n_layer)
+    except ValueError as error:
+        raise ValueError(f"--recompute {args.recompute} --segments {args.segments}: {error}") from None
     kind, layout = strategies.choose(args, config, world_size)
+    strategies.check_recompute_layout(kind, args)
     if args.save and kind is None:
         raise ValueError("--save needs one layout (e.g. --dp N): the tour trains many models and keeps none")
     if args.checkpoint is not None and kind is None:
@@ -243,7 +253,7 @@ def run_facts(kind: str, args, config, world_size: int) -> dict:
     """What a checkpoint must agree on to be resumed bit for bit: strategy, ranks, model, dtype,
     and every flag that shapes the steps (the schedule's length too: the learning rate follows it)."""
     flags = ("steps", "batch_size", "lr", "seed", "data", "accumulation", "microbatches", "schedule",
-             "virtual_stages", "balance", "precision")
+             "virtual_stages", "balance", "precision", "recompute", "segments")
     return {"strategy": kind, "world_size": world_size, "dtype": args.dtype, "config": config.to_dict(),
             **{name: getattr(args, name, None) for name in flags}}
 
@@ -338,7 +348,8 @@ def main(argv=None) -> int:
     kernels(args.kernels)
 
     report = {"world_size": world.size, "layout": layout, "dtype": args.dtype, "config": config.to_dict(),
-              "algorithm": args.algorithm, "kernels": args.kernels, "precision": args.precision}
+              "algorithm": args.algorithm, "kernels": args.kernels, "precision": args.precision,
+              "recompute": args.recompute}
     with all_reduce_algorithm(args.algorithm):  # every strategy's all-reduces, unless it names one
         if kind is None:
             report["tour"] = tour(args, config, task, world)

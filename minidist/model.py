@@ -10,7 +10,8 @@ same numbers the serial model starts from, which is what lets every parallel lay
 the serial run.
 
 The model is also usable in three parts — `embed`, `blocks`, `head` — which is how the
-pipeline chapter splits it across ranks.
+pipeline chapter splits it across ranks. `set_recompute` switches on activation checkpointing
+(chapter 11): the blocks, or only their attention cores, run again in backward.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import numpy as np
 
 from minidist import functional as F
 from minidist.nn import Dropout, Embedding, LayerNorm, Linear, Module, ModuleList
+from minidist.recompute import check_recompute, checkpoint, checkpoint_sequential
 from minidist.tensor import Tensor, no_grad
 
 
@@ -52,6 +54,8 @@ class GPTConfig:
 class CausalSelfAttention(Module):
     """Each position attends to itself and the positions before it, in n_head heads."""
 
+    recompute_core = False  # chapter 11, selective recomputation (GPT.set_recompute)
+
     def __init__(self, config: GPTConfig, seed: int = 0):
         c = config.n_embd
         self.n_head = config.n_head
@@ -72,9 +76,16 @@ class CausalSelfAttention(Module):
         k = self.split_heads(self.k_proj(x), self.n_head)
         v = self.split_heads(self.v_proj(x), self.n_head)
         p = self.dropout_p if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, causal=True, dropout_p=p, rng=self.attn_rng)
+        if self.recompute_core:  # keep q, k, v only: the (B, H, T, T) weights and mask are rebuilt in backward
+            y = checkpoint(self.core, q, k, v, p, generators=[self.attn_rng])
+        else:
+            y = self.core(q, k, v, p)
         y = y.permute(0, 2, 1, 3).reshape(b, t, c)  # heads side by side again
         return self.resid_dropout(self.c_proj(y))
+
+    def core(self, q, k, v, dropout_p):
+        """softmax(q k^T / sqrt(d)) v with dropout on the weights: what selective recomputation reruns."""
+        return F.scaled_dot_product_attention(q, k, v, causal=True, dropout_p=dropout_p, rng=self.attn_rng)
 
 
 class MLP(Module):
@@ -102,6 +113,9 @@ class Block(Module):
 
 
 class GPT(Module):
+    recompute = "none"  # chapter 11: "none", "full" or "selective" (set_recompute)
+    segments = None  # with "full": checkpointed runs of consecutive blocks (None: one per block)
+
     def __init__(self, config: GPTConfig, seed: int = 0):
         self.config = config
         self.wte = Embedding(config.vocab_size, config.n_embd)
@@ -133,9 +147,27 @@ class GPT(Module):
     def forward(self, idx, targets=None):
         """Logits of shape (batch, time, vocab) and, given targets, the mean cross-entropy."""
         x = self.embed(idx)
-        for block in self.h:
-            x = block(x)
+        if self.recompute == "full":  # chapter 11: keep each run's input only, run it again in backward
+            x = checkpoint_sequential(self.h, self.segments or len(self.h), x)
+        else:
+            for block in self.h:
+                x = block(x)
         return self.head(x, targets)
+
+    def set_recompute(self, mode: str = "full", segments: int | None = None) -> "GPT":
+        """Activation checkpointing (chapter 11, minidist/recompute.py): memory for compute.
+
+        "none" keeps every block's graph (the default). "full" keeps only the input of each of
+        `segments` runs of consecutive blocks (default: one run per block) and runs each again
+        in backward. "selective" keeps everything except the attention core, softmax(QK^T)V and
+        its dropout, whose (batch, heads, T, T) arrays it rebuilds in backward. The numbers of
+        training do not change, only the memory and the time.
+        """
+        check_recompute(mode, segments, self.config.n_layer)
+        self.recompute, self.segments = mode, segments
+        for block in self.h:
+            block.attn.recompute_core = mode == "selective"
+        return self
 
     def generate(self, idx, max_new_tokens: int) -> np.ndarray:
         """Extend each row of `idx` greedily (most likely next token) by max_new_tokens."""

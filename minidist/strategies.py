@@ -150,7 +150,50 @@ def make_mesh_trainer(mesh: dict, args, config, task, world, settings):
         precision=getattr(args, "precision", "fp32"))
 
 
+RECOMPUTE_FULL = ("serial", "dp", "dp-naive", "zero1", "zero2", "mp")  # and pipelines, meshes with ZeRO 0-1
+
+
+def check_recompute_layout(kind: str | None, args) -> None:
+    """--recompute reaches the layouts whose forward runs the model's blocks in a loop it owns
+    (chapter 11): the whole GPT, a pipeline stage, a mesh's stage (full only with tensor parallelism).
+    One line, before any message."""
+    mode = getattr(args, "recompute", "none")
+    if mode == "none" or kind is None:
+        return
+    mesh = parse_mesh_name(kind)
+    if kind in RECOMPUTE_FULL or kind.startswith("pp-") or (mesh is not None and mesh["zero"] <= 1):
+        if mode == "selective" and mesh is not None and mesh["tp"] > 1:
+            raise ValueError("--recompute selective is written for the serial attention, not the tensor-parallel "
+                             "one: use --recompute full with --tp")
+        if getattr(args, "segments", None) is not None and kind != "serial" and not kind.startswith(("dp", "zero")):
+            raise ValueError("--segments groups the whole model's blocks: a pipeline stage checkpoints each of its "
+                             "blocks (drop --segments)")
+        return
+    raise ValueError(f"--recompute {mode} is not built for the {kind} layout (the model's blocks run inside "
+                     "FSDP's or tensor parallelism's own loop there): use it with serial, --dp, --zero 1/2, --pp "
+                     "or a composed layout")
+
+
+def apply_recompute(trainer, args) -> None:
+    """Switch the trainer's model (or stage) to --recompute (checked by check_recompute_layout)."""
+    mode = getattr(args, "recompute", "none")
+    if mode == "none":
+        return
+    stage = getattr(trainer, "stage", None)
+    if stage is None or isinstance(stage, int):  # the whole GPT (ZeRO's `stage` is its number)
+        model = trainer.model if trainer.model is not None else trainer.module
+        model.set_recompute(mode, getattr(args, "segments", None))
+    else:
+        stage.set_recompute(mode)
+
+
 def make_trainer(kind: str, args, config, task, world):
+    trainer = build_trainer(kind, args, config, task, world)
+    apply_recompute(trainer, args)
+    return trainer
+
+
+def build_trainer(kind: str, args, config, task, world):
     settings = OptimSettings(lr=args.lr, steps=args.steps, warmup=min(10, args.steps // 10), min_lr=args.lr / 10)
     common = dict(seed=args.seed)
     mesh = parse_mesh_name(kind)
@@ -208,6 +251,15 @@ def tour_plan(args, config, world_size: int) -> tuple[list, list[str]]:
             skipped.append(f"pp-interleaved: {why}")
     plan += [(kind, layout, None) for kind, layout in mesh_plan(args, config, n)]
     plan = [(low_precision_kind(kind, layout, args)[0], layout, ranks) for kind, layout, ranks in plan]
+    if getattr(args, "recompute", "none") != "none":  # chapter 11: the rows it reaches
+        kept = []
+        for row in plan:
+            try:
+                check_recompute_layout(row[0], args)
+                kept.append(row)
+            except ValueError as why:
+                skipped.append(f"{row[0]}: {why}")
+        plan = kept
     return plan, skipped
 
 

@@ -162,6 +162,22 @@ def test_precision_flag_trains_in_16_bits_with_master_weights(tmp_path):
         assert (ledger["params"], ledger["grads"], ledger["optimizer"]) == (2 * psi, 2 * psi, 12 * psi)
 
 
+@pytest.mark.parametrize("flags, ranks", [([], 1), (["--pp", "2", "--microbatches", "2", "--schedule", "gpipe"], 2)])
+def test_recompute_keeps_the_numbers_and_shrinks_the_activations(tmp_path, flags, ranks):
+    common = ["--steps", "2", "--dtype", "float64", "--dropout", "0.1", *SMALL, *flags]
+    runs = {}
+    for mode in ("none", "full", "selective"):
+        out = tmp_path / f"{mode}.json"
+        proc = demo(*common, "--recompute", mode, "--json", str(out), nprocs=ranks if ranks > 1 else None)
+        assert proc.returncode == 0, proc.stderr + proc.stdout
+        runs[mode] = json.loads(out.read_text())
+    for mode in ("full", "selective"):
+        assert runs[mode]["losses"] == runs["none"]["losses"]  # bit for bit, dropout included
+        for mine, plain in zip(runs[mode]["memory"], runs["none"]["memory"]):
+            assert mine["activations"] < plain["activations"]
+    assert runs["full"]["recompute"] == "full"
+
+
 def test_tour_compares_strategies_with_serial(tmp_path):
     out = tmp_path / "tour.json"
     proc = demo("--steps", "3", "--dtype", "float64", "--json", str(out), *SMALL, nprocs=2)

@@ -47,6 +47,7 @@ from minidist.comm.world import World, resolve
 from minidist.model import GPT, Block, GPTConfig, init_weights
 from minidist.nn import Dropout, Embedding, LayerNorm, Linear, Module
 from minidist.parallel import schedules as S
+from minidist.recompute import check_recompute, checkpoint_sequential
 from minidist.tensor import Tensor, graph_bytes
 from minidist.timeline import Timeline
 from minidist.train import (OptimSettings, Trainer, clip_and_step, load_training_state, make_optimizer,
@@ -147,14 +148,31 @@ class PipelineStage(Module):
         return self.last and chunk == self.virtual_stages - 1
 
     embed, head = GPT.embed, GPT.head  # the serial model's own code, run on this stage's modules
+    recompute = "none"  # chapter 11: "full" checkpoints each block of the stage (set_recompute)
 
     def forward(self, x, targets=None, chunk: int = 0):
         """Token ids (first chunk) or activations in; activations, or (logits, loss) on the last."""
         if self.has_input(chunk):
             x = self.embed(x)
-        for block in self.chunks[chunk]:
-            x = block(x)
+        if self.recompute == "full":  # each micro-batch keeps its blocks' inputs only, until its backward
+            x = checkpoint_sequential(self.chunks[chunk], len(self.chunks[chunk]), x)
+        else:
+            for block in self.chunks[chunk]:
+                x = block(x)
         return self.head(x, targets) if self.has_loss(chunk) else x
+
+    def set_recompute(self, mode: str = "full") -> None:
+        """Activation checkpointing in a pipeline stage (chapter 11): "full" reruns each block in
+        backward, "selective" only the attention cores (chapter 4's attention; the tensor-parallel
+        one has no selective variant). The activations a micro-batch holds shrink, the numbers do not change."""
+        check_recompute(mode, None, self.config.n_layer)
+        self.recompute = mode
+        for block in self.h:
+            if mode == "selective":
+                if not hasattr(block.attn, "recompute_core"):
+                    raise ValueError("selective recomputation is written for the serial attention, not the "
+                                     "tensor-parallel one: use --recompute full")
+                block.attn.recompute_core = True
 
 
 class PipelineTrainer(Trainer):
