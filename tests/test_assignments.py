@@ -25,6 +25,16 @@ def test_markers_parse_and_every_region_is_a_registered_assignment():
     assert all(r.begin < r.end for r in regions)
 
 
+def test_a_notebook_exercise_cell_is_stubbed_like_the_source(tmp_path):
+    build(tmp_path, ["mesh_groups"])
+    notebook = json.loads((tmp_path / "notebooks/09_frameworks.ipynb").read_text())
+    sources = ["".join(cell["source"]) for cell in notebook["cells"] if cell["cell_type"] == "code"]
+    exercise = next(source for source in sources if "def my_coordinates" in source)
+    assert 'raise NotImplementedError("YOUR CODE HERE")' in exercise and "divmod" not in exercise
+    assert "BEGIN SOLUTION" not in "".join(sources)
+    assert len(notebook["cells"]) == len(json.loads((ROOT / "notebooks/09_frameworks.ipynb").read_text())["cells"])
+
+
 def test_an_unclosed_region_names_its_line(tmp_path):
     (tmp_path / "bad.py").write_text("x = 1\n    ### BEGIN SOLUTION assignment=adamw_update\n    y = 2\n")
     with pytest.raises(ValueError, match="bad.py:2: .* never closed"):

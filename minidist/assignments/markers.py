@@ -1,6 +1,7 @@
 """Find the solution regions in the source and write a student copy with each one stubbed out."""
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from dataclasses import dataclass
@@ -26,10 +27,18 @@ def repository_root() -> Path:
 
 
 def regions_in(path: Path, root: Path) -> list[Region]:
-    """The marked regions of one file; a region not closed (or nested) is an error naming its line."""
-    found, open_at, name = [], None, None
+    """The marked regions of one file (of each code cell of a notebook, named `path#cellN`); a
+    region not closed (or nested) is an error naming its line."""
     relative = path.relative_to(root).as_posix()
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    if path.suffix == ".ipynb":
+        return [r for i, cell in enumerate(json.loads(path.read_text())["cells"]) if cell["cell_type"] == "code"
+                for r in _regions_in_text("".join(cell["source"]), f"{relative}#cell{i}")]
+    return _regions_in_text(path.read_text(), relative)
+
+
+def _regions_in_text(text: str, relative: str) -> list[Region]:
+    found, open_at, name = [], None, None
+    for number, line in enumerate(text.splitlines(), 1):
         begin, end = BEGIN.match(line), END.match(line)
         if "BEGIN SOLUTION" in line and not begin:
             raise ValueError(f"{relative}:{number}: a BEGIN SOLUTION marker needs 'assignment=<name>'")
@@ -49,9 +58,10 @@ def regions_in(path: Path, root: Path) -> list[Region]:
 
 def all_regions(root: Path | None = None) -> list[Region]:
     root = root or repository_root()
-    return [r for path in sorted((root / "minidist").rglob("*.py"))
-            if "assignments" not in path.relative_to(root).parts
-            for r in regions_in(path, root)]
+    sources = [path for path in sorted((root / "minidist").rglob("*.py"))
+               if "assignments" not in path.relative_to(root).parts]
+    sources += sorted((root / "notebooks").glob("*.ipynb"))  # exercise cells (chapter notebooks)
+    return [r for path in sources for r in regions_in(path, root)]
 
 
 def stub(text: str, selected: set[str]) -> str:
@@ -81,6 +91,13 @@ def build(out: Path, selected: list[str], root: Path | None = None) -> list[Regi
         elif source.exists():
             shutil.copy2(source, target)
     stubbed = [r for r in all_regions(root) if r.name in selected]
-    for path in sorted({r.path for r in stubbed}):
-        (out / path).write_text(stub((root / path).read_text(), set(selected)))
+    for path in sorted({r.path.split("#")[0] for r in stubbed}):
+        if path.endswith(".ipynb"):  # each code cell's regions, the notebook's JSON otherwise kept
+            notebook = json.loads((root / path).read_text())
+            for cell in notebook["cells"]:
+                if cell["cell_type"] == "code":
+                    cell["source"] = stub("".join(cell["source"]), set(selected)).splitlines(keepends=True)
+            (out / path).write_text(json.dumps(notebook, indent=1, ensure_ascii=False) + "\n")
+        else:
+            (out / path).write_text(stub((root / path).read_text(), set(selected)))
     return stubbed
