@@ -54,6 +54,7 @@ from minidist.comm import all_reduce_algorithm, faults, traffic
 from minidist.comm.collectives import ALL_REDUCE
 from minidist.kernels import kernels
 from minidist.model import GPTConfig
+from minidist.moe import MoEConfig
 from minidist.recompute import check_recompute
 from minidist.parallel import checkpointing
 from minidist.runtime import limit_threads_per_rank, tune_malloc
@@ -99,6 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--accumulation", type=positive, default=1, help="gradient-accumulation micro-steps per optimizer step")
     p.add_argument("--bucket-kb", type=positive, default=1024, help="data-parallel gradient bucket size (KiB)")
     p.add_argument("--naive-dp", action="store_true", help="one blocking all-reduce per parameter after backward")
+    p.add_argument("--experts", type=cli.integer(2), help="mixture of experts (chapter 11): E expert MLPs per block")
+    p.add_argument("--top-k", type=int, choices=[1, 2], default=1, help="with --experts: experts per token")
+    p.add_argument("--capacity-factor", type=cli.number(0, lo_open=True), default=1.25,
+                   help="with --experts: each expert takes ceil(k x tokens / E x C) tokens; the rest are dropped")
+    p.add_argument("--ep", type=positive,
+                   help="with --experts and --dp: experts split over groups of ep ranks (expert parallelism)")
     p.add_argument("--balance", action="store_true",
                    help="data parallelism: re-split the batch every step by each rank's speed (chapter 3, section 7)")
     p.add_argument("--algorithm", choices=["auto", *ALL_REDUCE], default="auto",
@@ -131,8 +138,16 @@ def check_args(args, world_size: int):
     message is sent. Returns (config, task, kind, layout); kind None means the tour."""
     if args.n_embd % args.n_head:  # every flag's own range is its parser type's (build_parser)
         raise ValueError(f"--n-embd {args.n_embd} is not divisible by --n-head {args.n_head}")
-    config = GPTConfig(vocab_size=256, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
-                       n_embd=args.n_embd, dropout=args.dropout, tie_weights=not args.untied)
+    shape = dict(vocab_size=256, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
+                 n_embd=args.n_embd, dropout=args.dropout, tie_weights=not args.untied)
+    if args.experts is None:
+        moe_flags = [flag for flag, given in (("--top-k", args.top_k != 1), ("--ep", args.ep is not None),
+                                              ("--capacity-factor", args.capacity_factor != 1.25)) if given]
+        if moe_flags:
+            raise ValueError(f"{' '.join(moe_flags)} needs --experts E (a mixture-of-experts model)")
+        config = GPTConfig(**shape)
+    else:
+        config = MoEConfig(**shape, num_experts=args.experts, top_k=args.top_k, capacity_factor=args.capacity_factor)
     try:
         task = make_task(args.data, args.block_size, seed=args.seed)
     except (ValueError, OSError) as error:  # OSError: a file that cannot be read, e.g. /proc/self/mem
@@ -335,7 +350,7 @@ def main(argv=None) -> int:
         nodes = world.nodes()
         world.print0(f"minidist: {world.size} ranks on {len(nodes)} node{'s' if len(nodes) > 1 else ''}: "
                      + "; ".join(f"node {i}: ranks {_span(ranks)}" for i, ranks in enumerate(nodes)))
-    is_tour = world.size > 1 and args.dp is None and args.tp is None and args.pp is None
+    is_tour = world.size > 1 and args.dp is None and args.tp is None and args.pp is None and args.experts is None
     if args.steps is None:
         args.steps = 10 if is_tour else 300
     if args.log_every == 0 and is_tour:

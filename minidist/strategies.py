@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import re
 
+from minidist.moe import MoEConfig, MoETrainer
 from minidist.parallel import zero_tensor
 from minidist.parallel.balance import BalancedDataParallelTrainer
 from minidist.parallel.composed import MeshTrainerFor, check_composed, mesh_name
 from minidist.parallel.data_parallel import DataParallelTrainer
+from minidist.parallel.expert_parallel import ExpertParallelTrainer, check_expert_parallel
 from minidist.parallel.pipeline import PipelineTrainer
 from minidist.parallel.pipeline import check_layout as check_pipeline
 from minidist.parallel.tensor_parallel import TensorParallelTrainer, check_tensor_parallel
@@ -47,6 +49,8 @@ def choose(args, config, world_size: int) -> tuple[str | None, dict]:
     """(kind, layout) for the flags, or (None, SERIAL) for the tour; ValueError names the problem.
 
     Pure arithmetic on the flags, so every rank reaches the same verdict before any message."""
+    if isinstance(config, MoEConfig) or getattr(args, "ep", None) is not None:
+        return choose_moe(args, config, world_size)
     given = {name: getattr(args, name) for name in ("dp", "tp", "pp") if getattr(args, name) is not None}
     if len(given) > 1:  # a degree of 1 adds nothing: --dp 4 --tp 1 is --dp 4
         given = {name: degree for name, degree in given.items() if degree > 1} or {next(iter(given)): 1}
@@ -79,6 +83,32 @@ def choose(args, config, world_size: int) -> tuple[str | None, dict]:
         check_pipeline(config, args.batch_size, degree, args.microbatches, args.schedule, _virtual(args, args.schedule))
         kind = "mp" if args.microbatches == 1 and args.schedule != "interleaved" else f"pp-{args.schedule}"
     return low_precision_kind(kind, layout, args)
+
+
+EXPERT_PARALLEL_NAME = re.compile(r"dp(\d+)-ep(\d+)")
+
+
+def choose_moe(args, config, world_size: int) -> tuple[str, dict]:
+    """(kind, layout) of a mixture-of-experts run (chapter 11): "moe" on one rank, or data
+    parallelism with the experts split over groups of --ep ranks: "dp4-ep2"."""
+    if not isinstance(config, MoEConfig):
+        raise ValueError("--ep needs --experts E (expert parallelism splits the experts of a MoE model)")
+    others = [f"--{name}" for name in ("tp", "pp", "zero") if getattr(args, name)]
+    others += [flag for flag, on in (("--sequence-parallel", args.sequence_parallel), ("--naive-dp", args.naive_dp),
+                                     ("--balance", getattr(args, "balance", False)),
+                                     ("--accumulation", args.accumulation != 1)) if on]
+    if others:
+        raise ValueError(f"--experts combines with --dp and --ep only, not with {' '.join(others)}")
+    if getattr(args, "precision", "fp32") != "fp32":
+        raise ValueError(f"--experts runs in fp32 or --dtype float64, not --precision {args.precision}")
+    dp, ep = args.dp or 1, args.ep or 1
+    if dp != world_size:  # every rank is a data-parallel replica; --ep groups some of them
+        raise ValueError(f"--experts on {world_size} ranks needs --dp {world_size}, got --dp {dp} (run: mpirun -n "
+                         f"{world_size} python -m minidist.demo --experts {config.num_experts} --dp {world_size} --ep {ep})")
+    check_expert_parallel(config, world_size, ep, args.batch_size)
+    if world_size == 1:
+        return "moe", dict(SERIAL)
+    return f"dp{dp}-ep{ep}", {**SERIAL, "dp": dp, "ep": ep}
 
 
 def low_precision_kind(kind: str, layout: dict, args) -> tuple[str, dict]:
@@ -196,6 +226,10 @@ def make_trainer(kind: str, args, config, task, world):
 def build_trainer(kind: str, args, config, task, world):
     settings = OptimSettings(lr=args.lr, steps=args.steps, warmup=min(10, args.steps // 10), min_lr=args.lr / 10)
     common = dict(seed=args.seed)
+    if kind == "moe":
+        return MoETrainer(config, settings, task, args.batch_size, **common)
+    if EXPERT_PARALLEL_NAME.fullmatch(kind):
+        return ExpertParallelTrainer(config, settings, task, args.batch_size, group=world, ep=args.ep or 1, **common)
     mesh = parse_mesh_name(kind)
     if mesh is not None:
         return make_mesh_trainer(mesh, args, config, task, world, settings)

@@ -178,6 +178,17 @@ def test_recompute_keeps_the_numbers_and_shrinks_the_activations(tmp_path, flags
     assert runs["full"]["recompute"] == "full"
 
 
+def test_experts_split_over_ranks_reproduce_the_serial_mixture(tmp_path):
+    common = ["--steps", "3", "--dtype", "float64", "--experts", "4", "--capacity-factor", "1.0", *SMALL]
+    serial, parallel = tmp_path / "moe.json", tmp_path / "ep.json"
+    assert demo(*common, "--json", str(serial)).returncode == 0
+    proc = demo(*common, "--dp", "2", "--ep", "2", "--json", str(parallel), nprocs=2)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    want, got = json.loads(serial.read_text()), json.loads(parallel.read_text())
+    np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-9)
+    assert got["layout"]["ep"] == 2 and got["moe"]["dropped_tokens"] == want["moe"]["dropped_tokens"]
+
+
 def test_tour_compares_strategies_with_serial(tmp_path):
     out = tmp_path / "tour.json"
     proc = demo("--steps", "3", "--dtype", "float64", "--json", str(out), *SMALL, nprocs=2)

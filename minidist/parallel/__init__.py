@@ -6,6 +6,10 @@
     tensor_layers.py   chapter 6: column/row-parallel layers and Megatron's f and g
     tensor_parallel.py chapter 6: the tensor-parallel GPT (sequence.py: sequence parallelism)
     zero.py            chapter 8: ZeRO stage by stage (fsdp.py: stage 3's gathering)
+    zero_partition.py  chapter 8: flat units cut into chunks, AdamW on a chunk
     mesh.py            chapter 9: the device mesh, pp x dp x tp, and each rank's groups
+    composed.py        chapter 9: DP x TP x PP on the mesh (tensor_stage.py: a pipeline stage of
+                       tensor-parallel layers; zero_tensor.py: ZeRO over dp of each tp shard)
+    expert_parallel.py chapter 11: experts split over ep ranks, tokens by all-to-all
     checkpointing.py   saving and resuming any of them (zero_checkpoint.py: ZeRO's shards)
 """
