@@ -191,7 +191,8 @@ class Function:
             entry[0] += time.perf_counter() - start
             entry[2] += 1
         if out_dtype is not None and out.dtype != out_dtype:
-            out = out.astype(out_dtype)
+            with np.errstate(over="ignore"):  # fp16 overflows to inf, as the hardware does (chapter 10)
+                out = out.astype(out_dtype)
         result = Tensor(out)
         if track:
             result.requires_grad = True
@@ -380,7 +381,8 @@ def _accumulate(grads: dict, tensor: Tensor, g: np.ndarray) -> None:
     if g.shape != tensor.shape:
         raise RuntimeError(f"internal error: gradient of shape {g.shape} for a tensor of shape {tensor.shape}")
     if g.dtype != tensor.dtype:
-        g = g.astype(tensor.dtype)
+        with np.errstate(over="ignore"):  # a 16-bit gradient may overflow to inf: the loss scaler's signal
+            g = g.astype(tensor.dtype)
     previous = grads.get(id(tensor))
     # the first contribution may be a view of someone else's buffer: copy before adding to it
     grads[id(tensor)] = g if previous is None else previous + g

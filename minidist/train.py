@@ -149,11 +149,10 @@ class SerialTrainer(Trainer):
         return self.model.state_dict()
 
     def checkpoint_state(self) -> dict[str, np.ndarray]:
-        return {**training_state(self.model, self.optimizer), **scaler_state(self.scaler)}
+        return training_state(self.model, self.optimizer, self.scaler)
 
     def load_checkpoint_state(self, state: dict[str, np.ndarray]) -> None:
-        load_training_state(self.model, self.optimizer, {k: v for k, v in state.items() if not k.startswith("scaler.")})
-        load_scaler_state(self.scaler, state)
+        load_training_state(self.model, self.optimizer, state, self.scaler)
 
 
 def scaler_state(scaler) -> dict[str, np.ndarray]:
@@ -178,10 +177,12 @@ def precision_report(precision: str, scaler) -> dict:
 # ----------------------------------------------------------------------------- the training state
 
 
-def training_state(model, optimizer) -> dict[str, np.ndarray]:
+def training_state(model, optimizer, scaler=None) -> dict[str, np.ndarray]:
     """Everything a step changes, as flat named arrays: `param.<name>`, `optimizer.<name>.exp_avg`
-    (and `.exp_avg_sq`; zeros before a parameter's first update, as AdamW starts them),
-    `optimizer.step`, and `rng.<module>.<attribute>` for every generator (`generator_states`)."""
+    (and `.exp_avg_sq`; zeros before a parameter's first update, as AdamW starts them; and
+    `.master`, the fp32 weight of a 16-bit one, chapter 10), `optimizer.step`,
+    `rng.<module>.<attribute>` for every generator (`generator_states`), and with a loss scaler
+    its `scaler.<key>` state."""
     state = {f"param.{name}": p.data for name, p in model.named_parameters()}
     names = {id(p): name for name, p in model.named_parameters()}
     for p, moments in zip(optimizer.params(), optimizer.state):
@@ -191,13 +192,15 @@ def training_state(model, optimizer) -> dict[str, np.ndarray]:
         if master is not None:
             state[f"optimizer.{names[id(p)]}.master"] = master
     state["optimizer.step"] = np.array(optimizer.step_count)
-    return {**state, **generator_states(model)}
+    return {**state, **generator_states(model), **(scaler_state(scaler) if scaler is not None else {})}
 
 
-def load_training_state(model, optimizer, state: dict[str, np.ndarray]) -> None:
+def load_training_state(model, optimizer, state: dict[str, np.ndarray], scaler=None) -> None:
     """Put `training_state`'s arrays back (exact names, shapes and dtypes, or an error)."""
-    expected = training_state(model, optimizer)
+    expected = training_state(model, optimizer, scaler)
     check_arrays(expected, state)
+    if scaler is not None:
+        load_scaler_state(scaler, state)
     for name, p in model.named_parameters():
         p.data[...] = state[f"param.{name}"]
     names = {id(p): name for name, p in model.named_parameters()}

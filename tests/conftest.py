@@ -40,6 +40,24 @@ def relative_difference(a, b) -> float:
     return float(np.max(np.abs(np.asarray(a) - np.asarray(b))) / max(np.max(np.abs(b)), 1e-2))
 
 
+def check_against_serial(results: list[dict], reference: dict, rtol: float = 1e-9) -> None:
+    """Principle 1 for one multi-rank run: `results` (one dict per rank, with "results" = the
+    (loss, accuracy) of each step and "state" = the consolidated state dict on rank 0, None on
+    the others) against `serial_run`'s `reference`: the same losses and accuracies on every rank,
+    and the same weights, relative `rtol`."""
+    steps = np.array(results[0]["results"])
+    np.testing.assert_allclose(steps[:, 0], [loss for loss, _ in reference["steps"]], rtol=rtol)
+    np.testing.assert_allclose(steps[:, 1], [acc for _, acc in reference["steps"]], rtol=rtol)
+    for rank_result in results[1:]:  # every rank reports the same loss and accuracy
+        assert rank_result["results"] == results[0]["results"]
+    state = results[0]["state"]
+    assert set(state) == set(reference["state"])
+    for name, value in reference["state"].items():
+        assert state[name].shape == value.shape, name
+        assert relative_difference(state[name], value) < rtol, name
+    assert all(r["state"] is None for r in results[1:])  # the whole model lands on rank 0 only
+
+
 def layout(nprocs: int, nodes=None, tcp: bool = False):
     """One launch of a module's multi-rank fixture: `nprocs` ranks on `nodes` nodes as MPI sees
     them (`launch.run`; None: one, or MINIDIST_NODES), over TCP sockets if `tcp`. Its id names

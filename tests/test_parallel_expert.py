@@ -10,7 +10,7 @@ and exactly the serial ones). The all-to-all traffic is checked against its form
 import numpy as np
 import pytest
 
-from conftest import relative_difference
+from conftest import check_against_serial
 from minidist.comm.launch import run
 from minidist.data import make_task
 from minidist.model import GPTConfig
@@ -96,18 +96,8 @@ def serial():
     return runs
 
 
-def check_against_serial(results, reference):
-    steps = np.array(results[0]["results"])
-    np.testing.assert_allclose(steps[:, 0], [loss for loss, _ in reference["steps"]], rtol=1e-9)
-    np.testing.assert_allclose(steps[:, 1], [acc for _, acc in reference["steps"]], rtol=1e-9)
-    for rank_result in results[1:]:  # every rank reports the same loss and accuracy
-        assert rank_result["results"] == results[0]["results"]
-    state = results[0]["state"]
-    assert set(state) == set(reference["state"])
-    for name, value in reference["state"].items():
-        assert state[name].shape == value.shape, name
-        assert relative_difference(state[name], value) < 1e-9, name
-    assert all(r["state"] is None for r in results[1:])  # the whole model lands on rank 0 only
+def check_moe_against_serial(results, reference):
+    check_against_serial(results, reference)
     moe, serial_moe = results[0]["report"]["moe"], reference["moe"]
     for key in ("tokens_per_expert", "dropped_per_expert", "dropped_tokens", "capacity"):
         assert moe[key] == serial_moe[key], key
@@ -116,12 +106,12 @@ def check_against_serial(results, reference):
 
 @pytest.mark.parametrize("layout", TWO, ids=label)
 def test_two_ranks_reproduce_the_serial_moe_run(two, serial, layout):
-    check_against_serial([rank[label(layout)] for rank in two], serial[layout["top_k"], layout["capacity_factor"]])
+    check_moe_against_serial([rank[label(layout)] for rank in two], serial[layout["top_k"], layout["capacity_factor"]])
 
 
 @pytest.mark.parametrize("layout", FOUR, ids=label)
 def test_four_ranks_reproduce_the_serial_moe_run(four, serial, layout):
-    check_against_serial([rank[label(layout)] for rank in four], serial[layout["top_k"], layout["capacity_factor"]])
+    check_moe_against_serial([rank[label(layout)] for rank in four], serial[layout["top_k"], layout["capacity_factor"]])
 
 
 def test_capacity_one_drops_tokens_and_parallel_drops_the_same(serial):

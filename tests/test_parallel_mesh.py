@@ -11,10 +11,9 @@ Traffic per mesh axis, from the labelled counters, each beside its formula: dp s
 rank's own shard (2(N-1)/N of its bytes, here N = 2), pp one activation per micro-batch, the
 embedding group the tied weight's gradient once, tp what chapter 6's formula predicts.
 """
-import numpy as np
 import pytest
 
-from conftest import relative_difference, serial_run
+from conftest import check_against_serial, serial_run
 from minidist.comm.launch import run
 from minidist.model import GPTConfig
 from minidist.parallel.composed import check_composed, mesh_name
@@ -85,20 +84,6 @@ def eight():
 def serial():
     return {(name, tied): serial_run(config, SETTINGS, BATCH, STEPS, tie_weights=tied)
             for name, config in (("four", CONFIG), ("eight", SMALL)) for tied in (True, False)}
-
-
-def check_against_serial(results, reference):
-    steps = np.array(results[0]["results"])
-    np.testing.assert_allclose(steps[:, 0], reference["losses"], rtol=1e-9)
-    np.testing.assert_allclose(steps[:, 1], [acc for _, acc in reference["steps"]], rtol=1e-9)
-    for rank_result in results[1:]:  # every rank reports the same loss and accuracy
-        assert rank_result["results"] == results[0]["results"]
-    state = results[0]["state"]
-    assert set(state) == set(reference["state"])
-    for name, value in reference["state"].items():
-        assert state[name].shape == value.shape, name
-        assert relative_difference(state[name], value) < 1e-9, name
-    assert all(r["state"] is None for r in results[1:])  # the whole model lands on world rank 0 only
 
 
 @pytest.mark.parametrize("layout", FOUR, ids=label)

@@ -133,3 +133,28 @@ def test_to_low_precision_keeps_the_fp32_masters():
         np.testing.assert_array_equal(masters[id(p)], before[id(p)])
     with pytest.raises(ValueError, match="computes in bf16 or fp16"):
         to_low_precision(model, "fp8_e4m3")
+
+
+def test_a_resumed_fp16_run_continues_bit_for_bit():
+    """The training state of 16-bit training holds the fp32 masters and the loss scale too."""
+    task = make_task("sort", CONFIG.block_size, seed=0)
+    settings = OptimSettings(lr=3e-3, steps=6, warmup=1)
+    from minidist.loss_scale import DynamicLossScaler
+
+    def trainer():  # a small growth interval, so the scale changes within the run
+        return SerialTrainer(CONFIG, settings, task, 8, precision="fp16", scaler=DynamicLossScaler(growth_interval=2))
+
+    straight = trainer()
+    losses = [straight.step(s)[0] for s in range(6)]
+    first = trainer()
+    for s in range(3):
+        first.step(s)
+    state = {k: np.array(v, copy=True) for k, v in first.checkpoint_state().items()}
+    assert any(k.endswith(".master") for k in state) and "scaler.scale" in state
+    resumed = trainer()
+    resumed.load_checkpoint_state(state)
+    assert [resumed.step(s)[0] for s in range(3, 6)] == losses[3:]
+    assert resumed.scaler.scale == straight.scaler.scale and resumed.scaler.history == straight.scaler.history[3:]
+    assert len({scale for _, scale, _ in straight.scaler.history}) > 1  # the scale moved during the run
+    for name, value in straight.model.state_dict().items():
+        np.testing.assert_array_equal(resumed.model.state_dict()[name], value)

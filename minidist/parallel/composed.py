@@ -59,8 +59,8 @@ from minidist.parallel import zero_checkpoint
 from minidist.parallel.zero_partition import FlatUnit, ShardedAdamW, mixed_precision_step
 from minidist.precision import autocast
 from minidist.tensor import get_default_dtype
-from minidist.train import (OptimSettings, load_scaler_state, load_training_state, make_optimizer, make_scaler,
-                            precision_report, scaler_state, training_state)
+from minidist.train import (OptimSettings, load_training_state, make_optimizer, make_scaler, precision_report,
+                            training_state)
 
 
 def check_composed(config: GPTConfig, world_size: int, batch_size: int, dp: int = 1, tp: int = 1, pp: int = 1,
@@ -206,11 +206,10 @@ class MeshTrainer(PipelineTrainer):
                     norm=lambda grads: self.norm_of(self.optimizer.params(), grads))
 
     def checkpoint_state(self) -> dict[str, np.ndarray]:
-        return {**training_state(self.stage, self.optimizer), **scaler_state(self.scaler)}
+        return training_state(self.stage, self.optimizer, self.scaler)
 
     def load_checkpoint_state(self, state: dict[str, np.ndarray]) -> None:
-        load_training_state(self.stage, self.optimizer, {k: v for k, v in state.items() if not k.startswith("scaler.")})
-        load_scaler_state(self.scaler, state)
+        load_training_state(self.stage, self.optimizer, state, self.scaler)
 
     # -- reports and state
     def report(self) -> dict:

@@ -42,8 +42,8 @@ from minidist.model import GPT, GPTConfig
 from minidist.precision import autocast
 from minidist.tensor import graph_bytes
 from minidist.timeline import Timeline
-from minidist.train import (OptimSettings, Trainer, clip_and_step, load_scaler_state, load_training_state,
-                            make_optimizer, make_scaler, precision_report, scaler_state, training_state)
+from minidist.train import (OptimSettings, Trainer, clip_and_step, load_training_state, make_optimizer, make_scaler,
+                            precision_report, training_state)
 
 
 class NaiveDistributedDataParallel:
@@ -327,11 +327,10 @@ class DataParallelTrainer(Trainer):
 
     def checkpoint_state(self) -> dict[str, np.ndarray]:
         """This replica's whole training state (every rank holds a full copy: each writes its own)."""
-        return {**training_state(self.model, self.optimizer), **scaler_state(self.scaler)}
+        return training_state(self.model, self.optimizer, self.scaler)
 
     def load_checkpoint_state(self, state: dict[str, np.ndarray]) -> None:
-        load_training_state(self.model, self.optimizer, {k: v for k, v in state.items() if not k.startswith("scaler.")})
-        load_scaler_state(self.scaler, state)
+        load_training_state(self.model, self.optimizer, state, self.scaler)
 
     def report(self) -> dict:
         return precision_report(self.precision, self.scaler)
