@@ -8,6 +8,8 @@
                                                       # [--schedule interleaved --virtual-stages V]
     mpirun -n 4 python -m minidist.demo --dp 2 --tp 2 # composed: any two or three of --dp --tp --pp
     mpirun -n 8 python -m minidist.demo --dp 2 --tp 2 --pp 2 --zero 1   # (their product = ranks)
+    mpirun -n 4 python -m minidist.demo --cp 4        # context parallel: each sequence over 4 ranks
+    mpirun -n 4 python -m minidist.demo --cp 2 --dp 2 # [--cp-algorithm ulysses] [--cp-split contiguous]
 
 The flags and the `--json` keys are a contract (notebooks and checks read them): later
 chapters add flags and keys, none is renamed or dropped.
@@ -25,7 +27,9 @@ machine; also in every tour row), `kernels` (fast or plain), `first_step` (0, or
 trained, first_step to steps - 1); `traffic_by_group` (one entry per rank: the bytes it sent
 per step in each of its mesh's groups, "dp", "tp", "pp", "embedding"; empty for one-strategy
 layouts) and, for composed layouts, `mesh` (shape {pp, dp, tp}, order, and every rank's
-coordinates and groups).
+coordinates and groups); with --cp `context_parallel` (cp, dp, algorithm, split, this rank's
+token positions, every rank's visible attention scores, the bytes a rank sends per step in its
+cp group, and what rank 0's attention computed), and layout gains "cp".
 
     python -m minidist.demo --dp 2 ... --checkpoint ckpt --checkpoint-every 50
                                       # saves ckpt/step-000050/ ...; the same command again resumes
@@ -91,6 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tp", type=positive, help="tensor-parallel degree (chapter 6); combines with --dp and --pp (chapter 9)")
     p.add_argument("--sequence-parallel", action="store_true",
                    help="with --tp: LayerNorms, residual adds and dropouts on T/t tokens (chapter 6, section 8)")
+    p.add_argument("--cp", type=positive,
+                   help="context-parallel degree (chapter 11): each sequence split over N ranks; combines with --dp")
+    p.add_argument("--cp-algorithm", choices=["ring", "ulysses"], default="ring",
+                   help="with --cp: ring attention, or DeepSpeed-Ulysses' all-to-all to heads")
+    p.add_argument("--cp-split", choices=["zigzag", "contiguous"], default="zigzag",
+                   help="with --cp: the tokens each rank holds (zigzag balances the causal mask)")
     p.add_argument("--pp", type=positive, help="pipeline stages (chapters 4-5); combines with --dp and --tp (chapter 9)")
     p.add_argument("--microbatches", type=positive, default=4, help="pipeline micro-batches (1: naive model parallelism)")
     p.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved"], default="1f1b", help="pipeline schedule")
@@ -268,7 +278,7 @@ def run_facts(kind: str, args, config, world_size: int) -> dict:
     """What a checkpoint must agree on to be resumed bit for bit: strategy, ranks, model, dtype,
     and every flag that shapes the steps (the schedule's length too: the learning rate follows it)."""
     flags = ("steps", "batch_size", "lr", "seed", "data", "accumulation", "microbatches", "schedule",
-             "virtual_stages", "balance", "precision", "recompute", "segments")
+             "virtual_stages", "balance", "precision", "cp_algorithm", "cp_split", "recompute", "segments")
     return {"strategy": kind, "world_size": world_size, "dtype": args.dtype, "config": config.to_dict(),
             **{name: getattr(args, name, None) for name in flags}}
 
@@ -350,7 +360,7 @@ def main(argv=None) -> int:
         nodes = world.nodes()
         world.print0(f"minidist: {world.size} ranks on {len(nodes)} node{'s' if len(nodes) > 1 else ''}: "
                      + "; ".join(f"node {i}: ranks {_span(ranks)}" for i, ranks in enumerate(nodes)))
-    is_tour = world.size > 1 and args.dp is None and args.tp is None and args.pp is None and args.experts is None
+    is_tour = world.size > 1 and args.dp is None and args.tp is None and args.pp is None and args.cp is None and args.experts is None
     if args.steps is None:
         args.steps = 10 if is_tour else 300
     if args.log_every == 0 and is_tour:

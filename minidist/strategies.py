@@ -18,6 +18,8 @@ this is the one place that knows them all, for the demo and its tour. Each strat
     tp-sp       --tp N --sequence-parallel         ... (SequenceParallelGPT)     6
     zero1..3    --dp N --zero S                    Zero1Trainer .. Zero3Trainer  8
     dp2-tp2 ... two or three of --dp --tp --pp     MeshTrainer (composed.py)     9
+    cp4, dp2-cp2  --cp N [--dp M] [--cp-algorithm ulysses] [--cp-split contiguous]
+                                                   ContextParallelTrainer        11
                 ... --zero 1                       MeshZero1Trainer
                 --dp --tp (no --pp) --zero 2|3     TensorParallelZero2/3Trainer (zero_tensor.py)
 
@@ -34,6 +36,8 @@ from minidist.moe import MoEConfig, MoETrainer
 from minidist.parallel import zero_tensor
 from minidist.parallel.balance import BalancedDataParallelTrainer
 from minidist.parallel.composed import MeshTrainerFor, check_composed, mesh_name
+from minidist.parallel.context_parallel import (ContextParallelTrainer, check_context_parallel, context_parallel_name,
+                                                parse_context_parallel_name)
 from minidist.parallel.data_parallel import DataParallelTrainer
 from minidist.parallel.expert_parallel import ExpertParallelTrainer, check_expert_parallel
 from minidist.parallel.pipeline import PipelineTrainer
@@ -49,6 +53,8 @@ def choose(args, config, world_size: int) -> tuple[str | None, dict]:
     """(kind, layout) for the flags, or (None, SERIAL) for the tour; ValueError names the problem.
 
     Pure arithmetic on the flags, so every rank reaches the same verdict before any message."""
+    if getattr(args, "cp", None) is not None:
+        return choose_context_parallel(args, config, world_size)
     if isinstance(config, MoEConfig) or getattr(args, "ep", None) is not None:
         return choose_moe(args, config, world_size)
     given = {name: getattr(args, name) for name in ("dp", "tp", "pp") if getattr(args, name) is not None}
@@ -109,6 +115,27 @@ def choose_moe(args, config, world_size: int) -> tuple[str, dict]:
     if world_size == 1:
         return "moe", dict(SERIAL)
     return f"dp{dp}-ep{ep}", {**SERIAL, "dp": dp, "ep": ep}
+
+
+def choose_context_parallel(args, config, world_size: int) -> tuple[str, dict]:
+    """(kind, layout) of --cp N [--dp M] (chapter 11): each sequence split over cp ranks."""
+    others = [flag for flag in ("tp", "pp") if getattr(args, flag) not in (None, 1)]
+    others += [flag for flag in ("zero", "sequence_parallel", "balance", "naive_dp", "experts", "ep")
+               if getattr(args, flag, None)]
+    if others:
+        raise ValueError(f"--cp combines with --dp only, not --{others[0].replace('_', '-')}")
+    if args.accumulation != 1 or getattr(args, "precision", "fp32") != "fp32":
+        raise ValueError("--cp runs one fp32 step per batch: leave --accumulation 1 and --precision fp32")
+    dp = args.dp or 1
+    if args.cp * dp != world_size:
+        flags = f"--cp {args.cp}" + (f" --dp {dp}" if args.dp else "")
+        raise ValueError(f"layout cp={args.cp} x dp={dp} needs {args.cp * dp} ranks, but this job has {world_size} "
+                         f"(run: mpirun -n {args.cp * dp} python -m minidist.demo {flags})")
+    try:
+        check_context_parallel(config, args.cp, dp, world_size, args.batch_size, args.cp_algorithm, args.cp_split)
+    except ValueError as why:
+        raise ValueError(f"--cp {args.cp}: {why}") from None
+    return context_parallel_name(args.cp, dp, args.cp_algorithm, args.cp_split), {**SERIAL, "dp": dp, "cp": args.cp}
 
 
 def low_precision_kind(kind: str, layout: dict, args) -> tuple[str, dict]:
@@ -233,6 +260,9 @@ def build_trainer(kind: str, args, config, task, world):
     mesh = parse_mesh_name(kind)
     if mesh is not None:
         return make_mesh_trainer(mesh, args, config, task, world, settings)
+    context = parse_context_parallel_name(kind)
+    if context is not None:
+        return ContextParallelTrainer(config, settings, task, args.batch_size, group=world, **context, **common)
     precision = getattr(args, "precision", "fp32")
     if kind == "serial":
         return SerialTrainer(config, settings, task, args.batch_size, precision=precision, **common)
@@ -283,6 +313,11 @@ def tour_plan(args, config, world_size: int) -> tuple[list, list[str]]:
             plan.append(("pp-interleaved", {**SERIAL, "pp": n}, None))
         except ValueError as why:
             skipped.append(f"pp-interleaved: {why}")
+    try:  # chapter 11: each sequence split over the n ranks, attention in a ring
+        check_context_parallel(config, n, 1, n, args.batch_size)
+        plan.append((context_parallel_name(n), {**SERIAL, "cp": n}, None))
+    except ValueError as why:
+        skipped.append(f"cp: {why}")
     plan += [(kind, layout, None) for kind, layout in mesh_plan(args, config, n)]
     plan = [(low_precision_kind(kind, layout, args)[0], layout, ranks) for kind, layout, ranks in plan]
     if getattr(args, "recompute", "none") != "none":  # chapter 11: the rows it reaches

@@ -189,6 +189,17 @@ def test_experts_split_over_ranks_reproduce_the_serial_mixture(tmp_path):
     assert got["layout"]["ep"] == 2 and got["moe"]["dropped_tokens"] == want["moe"]["dropped_tokens"]
 
 
+def test_context_parallel_layout_reproduces_serial(tmp_path):
+    common = ["--steps", "3", "--dtype", "float64", *SMALL]
+    serial, parallel = tmp_path / "s.json", tmp_path / "cp.json"
+    assert demo(*common, "--json", str(serial)).returncode == 0
+    proc = demo(*common, "--cp", "2", "--cp-algorithm", "ulysses", "--json", str(parallel), nprocs=2)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    want, got = json.loads(serial.read_text()), json.loads(parallel.read_text())
+    np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-9)
+    assert got["layout"]["cp"] == 2 and all(t["cp"] > 0 for t in got["traffic_by_group"])
+
+
 def test_tour_compares_strategies_with_serial(tmp_path):
     out = tmp_path / "tour.json"
     proc = demo("--steps", "3", "--dtype", "float64", "--json", str(out), *SMALL, nprocs=2)
