@@ -15,8 +15,8 @@ import pytest
 from minidist.comm.launch import find_mpiexec
 
 DEMO, MEMORY = ["minidist.demo"], ["minidist.memory"]
-STEP, DP, PIPELINE, ZERO, COLLECTIVES, PLAN = (["minidist.bench", name] for name in
-                                               ("step", "dp", "pipeline", "zero", "collectives", "plan"))
+STEP, DP, PIPELINE, ZERO, COLLECTIVES, PLAN, PRECISION = (
+    ["minidist.bench", name] for name in ("step", "dp", "pipeline", "zero", "collectives", "plan", "precision"))
 NO_DIR = "no/such/dir/out.json"
 
 CASES = [  # (program, flag, arguments, ranks)
@@ -123,6 +123,14 @@ CASES = [  # (program, flag, arguments, ranks)
     (PLAN, "--match", ["--match", "zzz"], 1),
     (PLAN, "--timeout", ["--timeout", "0"], 1),
     (PLAN, "--json", ["--json", NO_DIR], 1),
+    (PRECISION, "--steps", ["--steps", "1"], 1),
+    (PRECISION, "--batch-size", ["--batch-size", "0"], 1),
+    (PRECISION, "--batch-size", ["--batch-size", "15"], 1),
+    (PRECISION, "--n-layer", ["--n-layer", "0"], 1),
+    (PRECISION, "--n-head", ["--n-head", "3"], 1),
+    (PRECISION, "--n-embd", ["--n-embd", "x"], 1),
+    (PRECISION, "--block-size", ["--block-size", "8"], 1),
+    (PRECISION, "--json", ["--json", NO_DIR], 1),
     (COLLECTIVES, "--sizes", ["--sizes", "abc"], 1),
     (COLLECTIVES, "--sizes", ["--sizes", "1K,3"], 2),  # not whole float32 elements
     (COLLECTIVES, "--quick", ["--quick=1"], 1),
@@ -143,9 +151,9 @@ def test_every_flag_of_every_program_has_a_case():
     """The table keeps up with the parsers: a new flag without a bad-value row fails here."""
     from minidist.bench import __main__ as bench
 
-    assert bench.available() == ["collectives", "dp", "pipeline", "plan", "step", "zero"]
+    assert bench.available() == ["collectives", "dp", "pipeline", "plan", "precision", "step", "zero"]
     programs = ["minidist.demo", "minidist.memory", *(f"minidist.bench.{name}" for name in bench.available())]
-    assert len(programs) == 8
+    assert len(programs) == 9
     for program in programs:
         source = open(importlib.util.find_spec(program).origin).read()
         flags = set(re.findall(r'add_argument\(\s*"(--[a-z-]+)"', source))

@@ -34,12 +34,13 @@ def test_deepspeed_zero2_example():
     assert (t.batch_size, t.micro_batch_size, t.accumulation, t.microbatches) == (16, 4, 1, 1)
     assert (t.lr, t.warmup, t.steps, t.weight_decay, t.clip) == (3e-3, 20, 200, 0.1, 1.0)
     assert t.min_lr == pytest.approx(3e-4)  # cos_min_ratio 0.1 of the optimizer's lr
-    assert t.precision == "bf16" and listed(t, "bf16: minidist trains in fp32")
+    assert t.precision == "bf16" and not listed(t, "bf16")
     assert t.bucket_kb is None and listed(t, "zero_optimization.reduce_bucket_size")  # ZeRO: no DP buckets
     assert {why.split(":")[0] for why in t.unsupported} == {
         "zero_optimization.reduce_bucket_size", "zero_optimization.contiguous_gradients",
-        "zero_optimization.allgather_bucket_size", "bf16", "steps_per_print", "wall_clock_breakdown"}
-    assert t.demo_flags() == ["--dp", "4", "--zero", "2", "--batch-size", "16", "--lr", "0.003", "--steps", "200"]
+        "zero_optimization.allgather_bucket_size", "steps_per_print", "wall_clock_breakdown"}
+    assert t.demo_flags() == ["--dp", "4", "--zero", "2", "--precision", "bf16", "--batch-size", "16", "--lr", "0.003",
+                              "--steps", "200"]
 
 
 def test_deepspeed_zero3_offload_example():
@@ -54,8 +55,9 @@ def test_deepspeed_zero3_offload_example():
     assert listed(t, "scheduler WarmupDecayLR decays linearly")
     assert listed(t, "scheduler.params.warmup_type log")  # DeepSpeed's default warm-up is not linear
     assert listed(t, "activation_checkpointing")
-    assert "loss_scale" in listed(t, "fp16")[0]
-    assert t.demo_flags() == ["--dp", "2", "--zero", "3", "--batch-size", "4", "--lr", "0.001", "--steps", "100"]
+    assert listed(t, "fp16.loss_scale") and listed(t, "fp16.initial_scale_power")
+    assert t.demo_flags() == ["--dp", "2", "--zero", "3", "--precision", "fp16", "--batch-size", "4", "--lr", "0.001",
+                              "--steps", "100"]
 
 
 def test_megatron_example():
@@ -65,12 +67,13 @@ def test_megatron_example():
     assert (t.schedule, t.virtual_stages, t.sequence_parallel) == ("1f1b", 1, True)
     assert (t.n_layer, t.n_embd, t.n_head, t.block_size, t.tie_weights) == (4, 64, 4, 32, True)
     assert (t.lr, t.min_lr, t.warmup, t.steps, t.weight_decay, t.clip) == (3e-3, 3e-4, 10, 100, 0.1, 1.0)
-    assert t.precision == "bf16" and listed(t, "--bf16")
+    assert t.precision == "bf16" and not listed(t, "--bf16") and "--precision" in t.demo_flags()
     for flag in ("--data-path", "--tokenizer-type", "--vocab-file", "--merge-file", "--split"):
         assert listed(t, flag)[0].endswith("ignored: minidist generates its data")
-    assert listed(t, "--save ") and listed(t, "--log-interval") and len(t.unsupported) == 10
+    assert listed(t, "--save ") and listed(t, "--log-interval") and len(t.unsupported) == 9
     assert t.demo_flags() == ["--dp", "2", "--tp", "2", "--pp", "2", "--zero", "1", "--microbatches", "4",
-                              "--schedule", "1f1b", "--sequence-parallel", "--batch-size", "16", "--lr", "0.003",
+                              "--schedule", "1f1b", "--sequence-parallel", "--precision", "bf16", "--batch-size", "16",
+                              "--lr", "0.003",
                               "--steps", "100", "--n-layer", "4", "--n-embd", "64", "--n-head", "4",
                               "--block-size", "32"]
 
@@ -187,9 +190,9 @@ def test_megatron_context_parallel_ranks_join_dp_and_experts_are_listed():
     t = fw.from_megatron("--context-parallel-size 2 --micro-batch-size 1 --num-experts 8 "
                          "--expert-model-parallel-size 2 --recompute-activations", world_size=4)
     assert t.dp == 4 and listed(t, "--context-parallel-size 2") and "(dp 2 -> 4)" in t.unsupported[0]
-    assert listed(t, "--num-experts 8: minidist's GPT is dense")
-    assert listed(t, "--expert-model-parallel-size 2: minidist's GPT is dense")
-    assert listed(t, "--recompute-activations: minidist keeps every activation")
+    assert listed(t, "--num-experts 8: minidist's mixture of experts")
+    assert listed(t, "--expert-model-parallel-size 2: minidist's mixture of experts")
+    assert t.recompute == "selective" and "--recompute" in t.demo_flags()  # Megatron's switch for selective
 
 
 def test_unknown_keys_are_listed_not_errors():
@@ -271,9 +274,9 @@ def test_cli_prints_the_translation_and_the_command(capsys):
     assert frameworks_main(["deepspeed", ZERO2, "--world", "4"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("DeepSpeed on 4 ranks -> minidist mesh pp 1 x dp 4 x tp 1 (tp fastest), ZeRO-2 over dp\n")
-    assert "  zero_optimization.offload" not in out and "  bf16: minidist trains in fp32" in out
-    assert out.endswith("run it:\n  mpirun -n 4 python -m minidist.demo --dp 4 --zero 2 --batch-size 16 --lr 0.003 "
-                        "--steps 200\n")
+    assert "  zero_optimization.offload" not in out and "  bf16.enabled -> --precision bf16" in out
+    assert out.endswith("run it:\n  mpirun -n 4 python -m minidist.demo --dp 4 --zero 2 --precision bf16 --batch-size 16 "
+                        "--lr 0.003 --steps 200\n")
     assert frameworks_main(["megatron", "--world", "2", "--", "--pipeline-model-parallel-size", "2",
                     "--micro-batch-size", "2"]) == 0
     assert "mpirun -n 2 python -m minidist.demo --pp 2 --microbatches 1 --schedule 1f1b --batch-size 2" \
@@ -306,5 +309,5 @@ def test_cli_runs_as_a_module():
     proc = subprocess.run([sys.executable, "-m", "minidist.frameworks", "deepspeed", ZERO3, "--world", "2"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert "mpirun -n 2 python -m minidist.demo --dp 2 --zero 3 --batch-size 4 --lr 0.001 --steps 100" in proc.stdout
+    assert "mpirun -n 2 python -m minidist.demo --dp 2 --zero 3 --precision fp16 --batch-size 4 --lr 0.001 --steps 100" in proc.stdout
     assert proc.stderr == ""

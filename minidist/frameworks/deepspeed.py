@@ -133,7 +133,9 @@ def _ds_precision(t: Translation, rest: dict, who: str) -> None:
             t.unsupported.append(f"{name}.enabled: 'auto' is filled in by the Hugging Face Trainer; give true/false")
         elif on:
             enabled.append(name[:2] + "16")
-            t.unsupported.append(f"{name}: {LOW_PRECISION}" + (f" (with it: {', '.join(block)})" if block else ""))
+            t.notes.append(f"{name}.enabled -> --precision {enabled[-1]} (16-bit compute, fp32 master weights)")
+            for key in block:  # loss_scale, initial_scale_power, loss_scale_window, hysteresis, ...
+                t.unsupported.append(f"{name}.{key}: {LOW_PRECISION}")
     if len(enabled) > 1:
         raise ValueError(f"{who}: fp16 and bf16 are both enabled; DeepSpeed accepts one of them")
     t.precision = enabled[0] if enabled else "fp32"

@@ -11,7 +11,8 @@ from minidist.frameworks.translation import (
 
 
 SWITCHES = {"--sequence-parallel", "--fp16", "--bf16", "--use-distributed-optimizer", "--overlap-grad-reduce",
-            "--untie-embeddings-and-output-weights", "--use-torch-fsdp2", "--use-megatron-fsdp"}
+            "--untie-embeddings-and-output-weights", "--use-torch-fsdp2", "--use-megatron-fsdp",
+            "--recompute-activations"}
 MEGATRON_IGNORED = [  # (flag prefixes, why minidist does not follow them)
     (("--data", "--split", "--tokenizer", "--vocab-file", "--merge-file", "--mock-data", "--train-data",
       "--valid-data", "--test-data", "--num-workers", "--hf-tokenizer", "--make-vocab-size"),
@@ -25,7 +26,8 @@ MEGATRON_IGNORED = [  # (flag prefixes, why minidist does not follow them)
       "--group-query-attention", "--num-query-groups", "--kv-channels", "--squared-relu", "--init-method-std",
       "--apply-layernorm-1p", "--qk-layernorm", "--add-qkv-bias", "--no-position-embedding"),
      "minidist's GPT is GPT-2's: LayerNorm, a GELU MLP of 4 x n_embd, learned positions, biases"),
-    (("--moe", "--expert", "--num-experts"), "minidist's GPT is dense: no experts (chapter 11 describes them)"),
+    (("--moe", "--expert", "--num-experts"),
+     "minidist's mixture of experts (--experts E --ep N, chapter 11) is set by its own flags, not read from here"),
     (("--fp8", "--fp4", "--loss-scale", "--initial-loss-scale", "--min-loss-scale", "--hysteresis",
       "--accumulate-allreduce", "--attention-softmax-in-fp32", "--fp16-lm-cross-entropy", "--fp32-residual"),
      LOW_PRECISION),
@@ -92,8 +94,8 @@ def from_megatron(argv, world_size: int) -> Translation:
     data_parallel_size(world_size, t.tp * cp, t.pp, who)  # Megatron's own rule first
     t.dp = data_parallel_size(world_size, t.tp, t.pp, who)
     if cp > 1:
-        t.unsupported.append(f"--context-parallel-size {cp}: minidist has no context parallelism (chapter 11); "
-                             f"its ranks join data parallelism (dp {t.dp // cp} -> {t.dp})")
+        t.unsupported.append(f"--context-parallel-size {cp}: minidist's context parallelism (--cp, chapter 11) does "
+                             f"not combine with tp or pp; its ranks join data parallelism (dp {t.dp // cp} -> {t.dp})")
     micro = take("--micro-batch-size")
     if micro is None:
         raise ValueError(f"{who}: --micro-batch-size is required (Megatron-LM asserts it)")
@@ -128,12 +130,20 @@ def from_megatron(argv, world_size: int) -> Translation:
     if take("--overlap-grad-reduce", bool):
         t.notes.append("--overlap-grad-reduce: minidist's data parallelism always overlaps its bucketed all-reduces")
     _megatron_optimizer(t, take)
+    granularity = take("--recompute-granularity", str)
+    if take("--recompute-activations", bool):  # Megatron's older switch for selective recomputation
+        granularity = granularity or "selective"
+    if granularity is not None:
+        if granularity not in ("full", "selective"):
+            raise ValueError(f"{who}: --recompute-granularity must be full or selective, got {granularity!r}")
+        t.recompute = granularity
+        t.notes.append(f"--recompute-granularity {granularity} -> --recompute {granularity} (chapter 11)")
     fp16, bf16 = take("--fp16", bool), take("--bf16", bool)
     if fp16 and bf16:
         raise ValueError(f"{who}: --fp16 and --bf16 both given; Megatron-LM accepts one of them")
     if fp16 or bf16:
         t.precision = "fp16" if fp16 else "bf16"
-        t.unsupported.append(f"--{t.precision}: {LOW_PRECISION}")
+        t.notes.append(f"--{t.precision} -> --precision {t.precision} (16-bit compute, fp32 master weights)")
     t.seed = take("--seed", lo=0)
     if t.seed is not None:
         t.notes.append(f"--seed {t.seed} -> --seed {t.seed} (minidist's weights and batches, not Megatron's)")

@@ -10,8 +10,10 @@ from minidist.parallel.schedules import check_interleaved
 
 BETAS, EPS = (0.9, 0.95), 1e-8  # minidist's AdamW (train.make_optimizer)
 DEMO_VOCAB = 256                 # the demo's byte-level data
-LOW_PRECISION = "minidist trains in fp32/fp64 (chapter 10 shows fp16/bf16 numerics); the run stays fp32"
-NO_RECOMPUTE = "minidist keeps every activation for backward (no recomputation; chapter 11 describes it)"
+LOW_PRECISION = ("minidist's loss scaler is torch GradScaler's with its defaults (initial 2^16, window 2000, no "
+                 "hysteresis) and fp8 runs on the MLP only, through minidist.fp8 (chapter 10)")
+NO_RECOMPUTE = ("minidist recomputes each block (--recompute full, --segments runs of blocks) or attention's core "
+                "(--recompute selective), chosen by flag, not where the model's code calls a checkpoint (chapter 11)")
 
 
 @dataclass
@@ -37,6 +39,7 @@ class Translation:
     weight_decay: float | None = None
     clip: float | None = None
     precision: str = "fp32"
+    recompute: str | None = None        # "full" or "selective" (chapter 11)
     bucket_kb: int | None = None
     seed: int | None = None
     n_layer: int | None = None
@@ -60,6 +63,10 @@ class Translation:
             s["accumulation"] = self.accumulation
         if self.sequence_parallel is not None:
             s["sequence_parallel"] = self.sequence_parallel
+        if self.precision != "fp32":
+            s["precision"] = self.precision
+        if self.recompute is not None:
+            s["recompute"] = self.recompute
         for name in ("batch_size", "lr", "steps", "bucket_kb", "seed", "n_layer", "n_embd", "n_head", "block_size"):
             if getattr(self, name) is not None:
                 s[name] = getattr(self, name)
@@ -104,7 +111,8 @@ class Translation:
         if optim:
             lines.append("optimizer: AdamW betas (0.9, 0.95), " + ", ".join(optim)
                          + " (the demo applies lr and steps; optim_settings() carries the rest)")
-        lines.append(f"precision: {self.precision}" + ("" if self.precision == "fp32" else " asked; the run is fp32"))
+        lines.append(f"precision: {self.precision}" + ("" if self.precision == "fp32" else
+                                                        " (16-bit compute, fp32 master weights: chapter 10)"))
         model = [f"{k} {getattr(self, k)}" for k in ("n_layer", "n_embd", "n_head", "block_size", "vocab_size",
                                                       "tie_weights") if getattr(self, k) is not None]
         if model:
