@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from minidist.comm import cost
 from minidist.memory import PRECISIONS, layer_activation_elements, megatron_activation_bytes
 from minidist.parallel.mesh import coordinates
-from minidist.parallel.pipeline import chunk_layers as _chunk_layers
+from minidist.parallel.pipeline_stage import chunk_layers as _chunk_layers
 
 ACTIVATION_BYTES = {"fp32": 4, "fp64": 8, "mixed": 2}  # bytes per activation element
 STATE_BYTES = {**PRECISIONS, "fp64": (8, 8, 16)}        # (params, grads, optimizer) bytes per parameter

@@ -2,7 +2,8 @@
 
     data_parallel.py   chapter 3: replicas and the averaged gradient (naive, then bucketed)
     balance.py         chapter 3: stragglers, the batch split by speed
-    pipeline.py        chapters 4-5: the model cut into stages (schedules.py: the schedules as data)
+    pipeline.py        chapters 4-5: the engine that runs a schedule (pipeline_stage.py: the model cut
+                       into stages; schedules.py: the schedules as data)
     tensor_layers.py   chapter 6: column/row-parallel layers and Megatron's f and g
     tensor_parallel.py chapter 6: the tensor-parallel GPT (sequence.py: sequence parallelism)
     zero.py            chapter 8: ZeRO stage by stage (fsdp.py: stage 3's gathering)

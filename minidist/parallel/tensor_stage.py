@@ -20,7 +20,7 @@ from __future__ import annotations
 from minidist.comm.world import World
 from minidist.model import GPTConfig
 from minidist.nn import Embedding, LayerNorm
-from minidist.parallel.pipeline import Layers, PipelineStage, chunk_layers
+from minidist.parallel.pipeline_stage import Layers, PipelineStage, chunk_layers
 from minidist.parallel.sequence import SequenceParallelLayers, allreduce_sequence_parallel_grads, mark_sequence_parallel
 from minidist.parallel.tensor_layers import TensorParallelLayers
 from minidist.parallel.tensor_parallel import (ParallelBlock, SequenceParallelGPT, TensorParallelGPT,
