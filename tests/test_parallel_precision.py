@@ -172,3 +172,25 @@ def test_an_inf_on_one_rank_skips_the_step_on_every_rank():
             if not key.startswith("scaler."):
                 np.testing.assert_array_equal(after[key], before[key], err_msg=key)
         assert any(not np.array_equal(rank["weights"][3][k], after[k]) for k in after if k.startswith("param."))
+
+
+def sixteen_bit_sums():
+    from minidist.comm import all_reduce, get_world
+
+    world = get_world()
+    out = {}
+    for dtype in ("float16", "bfloat16"):  # minidist imported ml_dtypes: NumPy knows "bfloat16"
+        eps = 2.0**-10 if dtype == "float16" else 2.0**-7
+        x = np.array([1.0 if world.rank == 0 else eps / 2] * 4, dtype=np.dtype(dtype))
+        all_reduce(x, op="sum", group=world, algorithm="shared_memory")
+        out[dtype] = x.astype(np.float32)
+    return out
+
+
+def test_sixteen_bit_all_reduce_sums_in_fp32_and_rounds_once():
+    """1 + 3 x eps/2 on 4 ranks. Added one at a time in 16 bits, each eps/2 is a tie that rounds
+    back to the even neighbour, 1: the sum would stay 1. Summed in fp32 it is 1 + 1.5 eps, a tie
+    between 1 + eps and 1 + 2 eps, rounded once to the even one, 1 + 2 eps."""
+    for rank in run(sixteen_bit_sums, 4, timeout=120):
+        for dtype, eps in (("float16", 2.0**-10), ("bfloat16", 2.0**-7)):
+            np.testing.assert_array_equal(rank[dtype], np.float32(1 + 2 * eps))

@@ -213,21 +213,13 @@ class SharedWindow:
         self.win.Sync()  # their flags seen, now their data
         counts = ctx.counts
         if x.nbytes <= SMALL:  # everyone adds up everything, in the same order
-            op(slots[0], slots[1], out=x)
-            for j in range(2, n):
-                op(x, slots[j], out=x)
-            if average:
-                np.divide(x, n, out=x)
+            _reduce(slots, op, x, n if average else None)
             counts.bytes_sent += (n - 1) * x.nbytes     # everyone read my whole slot
             counts.bytes_received += (n - 1) * x.nbytes
             return
         a, b = chunk_bounds(x.size, n)[r]
         mine = result[a:b]
-        op(slots[0][a:b], slots[1][a:b], out=mine)
-        for j in range(2, n):
-            op(mine, slots[j][a:b], out=mine)
-        if average:
-            np.divide(mine, n, out=mine)
+        _reduce([s[a:b] for s in slots], op, mine, n if average else None)
         self.raise_flag(REDUCED, k, counts)
         yield self.wait_for(REDUCED, k)
         self.win.Sync()
@@ -236,6 +228,25 @@ class SharedWindow:
         moved = (x.nbytes - mine_bytes) + (n - 1) * mine_bytes
         counts.bytes_sent += moved
         counts.bytes_received += moved
+
+
+def _reduce(pieces: list, op, out: np.ndarray, divide_by: int | None) -> None:
+    """out = op(pieces[0], pieces[1], ...), in rank order, then / divide_by. 16-bit floats are
+    sent as 16-bit words but summed in fp32 and rounded once (chapter 10): N - 1 roundings to
+    fp16 or bf16 along the way would add N - 1 errors of half an epsilon each."""
+    if op is np.add and out.dtype.name in ("float16", "bfloat16"):
+        total = pieces[0].astype(np.float32)
+        for piece in pieces[1:]:
+            total += piece
+        if divide_by:
+            total /= divide_by
+        out[...] = total
+        return
+    op(pieces[0], pieces[1], out=out)
+    for piece in pieces[2:]:
+        op(out, piece, out=out)
+    if divide_by:
+        np.divide(out, divide_by, out=out)
 
 
 def all_reduce_shared_memory(ctx, buf, op, average=False):
