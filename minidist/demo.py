@@ -122,6 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="all-reduce algorithm of every strategy (chapter 7); auto: shared memory on one machine")
     p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
                    help="compute in 16 bits with fp32 master weights (chapter 10); fp16 with a dynamic loss scale")
+    p.add_argument("--initial-loss-scale", type=cli.number(0, lo_open=True), default=2.0**16,
+                   help="with --precision fp16: the dynamic loss scale's start (default 65536)")
+    p.add_argument("--loss-scale-window", type=positive, default=2000,
+                   help="with --precision fp16: clean steps before the loss scale doubles (default 2000)")
     p.add_argument("--recompute", choices=["none", "full", "selective"], default="none",
                    help="activation checkpointing (chapter 11): rerun each block, or only attention's core, in backward")
     p.add_argument("--segments", type=positive, default=None,

@@ -251,7 +251,9 @@ def make_trainer(kind: str, args, config, task, world):
 
 
 def build_trainer(kind: str, args, config, task, world):
-    settings = OptimSettings(lr=args.lr, steps=args.steps, warmup=min(10, args.steps // 10), min_lr=args.lr / 10)
+    settings = OptimSettings(lr=args.lr, steps=args.steps, warmup=min(10, args.steps // 10), min_lr=args.lr / 10,
+                             initial_loss_scale=getattr(args, "initial_loss_scale", 2.0**16),
+                             loss_scale_window=getattr(args, "loss_scale_window", 2000))
     common = dict(seed=args.seed)
     if kind == "moe":
         return MoETrainer(config, settings, task, args.batch_size, **common)

@@ -32,6 +32,8 @@ class OptimSettings:
     steps: int = 300
     weight_decay: float = 0.1
     clip: float = 1.0  # max global gradient norm; 0 turns clipping off
+    initial_loss_scale: float = 2.0**16  # fp16's dynamic loss scale (chapter 10): where it starts,
+    loss_scale_window: int = 2000        # and how many clean steps it waits before it doubles
 
     def lr_at(self, step: int) -> float:
         return lr_at(step, self.lr, self.warmup, self.steps, self.min_lr)
@@ -46,10 +48,12 @@ def make_optimizer(model, settings: OptimSettings, masters: dict | None = None) 
     return AdamW(groups, lr=settings.lr, betas=(0.9, 0.95))
 
 
-def make_scaler(precision: str, growth_interval: int = 2000) -> DynamicLossScaler:
+def make_scaler(precision: str, settings: OptimSettings | None = None) -> DynamicLossScaler:
     """The loss scaler of a precision: dynamic for fp16; none (disabled) for fp32 and bf16, whose
     8-bit exponent reaches as low as fp32's (chapter 10)."""
-    return DynamicLossScaler(growth_interval=growth_interval, enabled=precision == "fp16")
+    settings = settings or OptimSettings()
+    return DynamicLossScaler(init_scale=settings.initial_loss_scale, growth_interval=settings.loss_scale_window,
+                             enabled=precision == "fp16")
 
 
 def clip_and_step(optimizer, params, settings: OptimSettings, step: int, total_norm: float | None = None) -> float:
@@ -115,7 +119,7 @@ class SerialTrainer(Trainer):
         self.settings, self.precision = settings, precision
         masters = to_low_precision(self.model, precision) if precision != "fp32" else None
         self.optimizer = make_optimizer(self.model, settings, masters)
-        self.scaler = scaler or make_scaler(precision)
+        self.scaler = scaler or make_scaler(precision, settings)
         self.activation_bytes = 0
 
     def step(self, step: int):

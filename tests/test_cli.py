@@ -63,6 +63,8 @@ CASES = [  # (program, flag, arguments, ranks)
     (DEMO, "--checkpoint-every", ["--checkpoint-every", "0"], 1),
     (DEMO, "--precision", ["--precision", "fp8"], 1),
     (DEMO, "--precision", ["--precision", "bf16", "--dtype", "float64"], 1),
+    (DEMO, "--initial-loss-scale", ["--initial-loss-scale", "0"], 1),
+    (DEMO, "--loss-scale-window", ["--loss-scale-window", "0"], 1),
     (DEMO, "--recompute", ["--recompute", "some"], 1),
     (DEMO, "--recompute", ["--recompute", "full", "--tp", "2"], 2),
     (DEMO, "--segments", ["--segments", "9", "--recompute", "full"], 1),

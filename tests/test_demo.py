@@ -157,6 +157,11 @@ def test_precision_flag_trains_in_16_bits_with_master_weights(tmp_path):
     report = json.loads(out.read_text())
     assert report["precision"] == "fp16" and report["skipped_steps"] == []
     assert [entry["scale"] for entry in report["loss_scale"]] == [2.0**16] * 3
+    out = tmp_path / "window.json"  # a scale that doubles after every clean step
+    proc = demo("--steps", "3", "--precision", "fp16", "--initial-loss-scale", "1024", "--loss-scale-window", "1",
+                "--json", str(out), *SMALL)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert [entry["scale"] for entry in json.loads(out.read_text())["loss_scale"]] == [2048.0, 4096.0, 8192.0]
     psi = report["parameters"]
     for ledger in report["memory"]:  # 2 + 2 + 12 bytes per parameter
         assert (ledger["params"], ledger["grads"], ledger["optimizer"]) == (2 * psi, 2 * psi, 12 * psi)

@@ -97,7 +97,7 @@ class MeshTrainer(PipelineTrainer):
                        self.zero)
         self.mesh = mesh = DeviceMesh(world, dp=dp, tp=tp, pp=pp)
         self.sequence_parallel, self.precision = sequence_parallel, precision
-        self.scaler = make_scaler(precision)
+        self.scaler = make_scaler(precision, settings)
         # every tensor-parallel message's size follows from these facts: checked once (chapter 7)
         self.tp_group = mesh.tp_group.verify("the tensor-parallel layout",
                                              [config, tp, get_default_dtype().str, sequence_parallel])

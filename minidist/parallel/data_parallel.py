@@ -263,7 +263,7 @@ class DataParallelTrainer(Trainer):
         else:
             self.ddp = NaiveDistributedDataParallel(self.model, self.world, algorithm, self.timeline)
         self.optimizer = make_optimizer(self.model, settings, masters)
-        self.scaler = make_scaler(precision)
+        self.scaler = make_scaler(precision, settings)
         self.activation_bytes = 0
 
     def step(self, step: int):

@@ -79,7 +79,7 @@ class Zero1Trainer(Trainer):
         # Every rank builds the full model from the seed (same numbers as the serial run), then
         # keeps only what its stage needs. Real ZeRO-3 avoids ever materialising it (meta device).
         self.module = model = self.build_model(config, seed)
-        self.precision, self.scaler = precision, make_scaler(precision)
+        self.precision, self.scaler = precision, make_scaler(precision, settings)
         # chapter 10: 16-bit weights (so 16-bit units and gradients), fp32 masters of my chunks
         masters = to_low_precision(model, precision) if precision != "fp32" else None
         self.units = make_units(model, world.size, world.rank)
