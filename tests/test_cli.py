@@ -15,8 +15,9 @@ import pytest
 from minidist.comm.launch import find_mpiexec
 
 DEMO, MEMORY = ["minidist.demo"], ["minidist.memory"]
-STEP, DP, PIPELINE, ZERO, COLLECTIVES, PLAN, PRECISION = (
-    ["minidist.bench", name] for name in ("step", "dp", "pipeline", "zero", "collectives", "plan", "precision"))
+STEP, DP, PIPELINE, ZERO, COLLECTIVES, PLAN, PRECISION, RECOMPUTE, CONTEXT = (
+    ["minidist.bench", name] for name in ("step", "dp", "pipeline", "zero", "collectives", "plan", "precision",
+                                          "recompute", "context_parallel"))
 NO_DIR = "no/such/dir/out.json"
 
 CASES = [  # (program, flag, arguments, ranks)
@@ -133,6 +134,26 @@ CASES = [  # (program, flag, arguments, ranks)
     (PRECISION, "--n-embd", ["--n-embd", "x"], 1),
     (PRECISION, "--block-size", ["--block-size", "8"], 1),
     (PRECISION, "--json", ["--json", NO_DIR], 1),
+    (RECOMPUTE, "--modes", ["--modes", "none,partial"], 1),
+    (RECOMPUTE, "--segments", ["--segments", "0"], 1),
+    (RECOMPUTE, "--segments", ["--segments", "5"], 1),  # more runs than the 4 layers
+    (RECOMPUTE, "--steps", ["--steps", "0"], 1),
+    (RECOMPUTE, "--batch-size", ["--batch-size", "0"], 1),
+    (RECOMPUTE, "--n-layer", ["--n-layer", "0"], 1),
+    (RECOMPUTE, "--n-embd", ["--n-embd", "x"], 1),
+    (RECOMPUTE, "--n-head", ["--n-head", "3"], 1),  # 128 is not divisible by 3
+    (RECOMPUTE, "--block-size", ["--block-size", "0"], 1),
+    (RECOMPUTE, "--json", ["--json", NO_DIR], 1),
+    (CONTEXT, "--cp", ["--cp", "1"], 1),
+    (CONTEXT, "--cp", ["--cp", "2,3"], 1),  # 1024 tokens do not split into 2 x 3 chunks
+    (CONTEXT, "--cp", ["--cp", "8"], 1),  # Ulysses: 4 heads over 8 ranks
+    (CONTEXT, "--batch-size", ["--batch-size", "0"], 1),
+    (CONTEXT, "--n-head", ["--n-head", "3"], 1),  # not divisible by cp=2
+    (CONTEXT, "--seq-length", ["--seq-length", "30"], 1),  # not divisible by 2 x cp = 4
+    (CONTEXT, "--head-dim", ["--head-dim", "0"], 1),
+    (CONTEXT, "--repeats", ["--repeats", "0"], 1),
+    (CONTEXT, "--timeout", ["--timeout", "0"], 1),
+    (CONTEXT, "--json", ["--json", NO_DIR], 1),
     (COLLECTIVES, "--sizes", ["--sizes", "abc"], 1),
     (COLLECTIVES, "--sizes", ["--sizes", "1K,3"], 2),  # not whole float32 elements
     (COLLECTIVES, "--quick", ["--quick=1"], 1),
@@ -153,9 +174,10 @@ def test_every_flag_of_every_program_has_a_case():
     """The table keeps up with the parsers: a new flag without a bad-value row fails here."""
     from minidist.bench import __main__ as bench
 
-    assert bench.available() == ["collectives", "dp", "pipeline", "plan", "precision", "step", "zero"]
+    assert bench.available() == ["collectives", "context_parallel", "dp", "pipeline", "plan", "precision", "recompute",
+                                 "step", "zero"]
     programs = ["minidist.demo", "minidist.memory", *(f"minidist.bench.{name}" for name in bench.available())]
-    assert len(programs) == 9
+    assert len(programs) == 11
     for program in programs:
         source = open(importlib.util.find_spec(program).origin).read()
         flags = set(re.findall(r'add_argument\(\s*"(--[a-z-]+)"', source))
