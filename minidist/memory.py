@@ -78,6 +78,19 @@ def ledger(model, optimizer=None, activation_bytes: int = 0) -> dict:
         "activations": int(activation_bytes),
     }
     piles["peak"] = sum(piles.values())
+    return with_masters_apart(piles, master_bytes(optimizer) if optimizer is not None else 0)
+
+
+def master_bytes(optimizer) -> int:
+    """Bytes of the fp32 master weights a 16-bit optimizer keeps in its state (chapter 10)."""
+    return sum(state["master"].nbytes for state in optimizer.state if "master" in state)
+
+
+def with_masters_apart(piles: dict, masters: int) -> dict:
+    """With 16-bit training, the `optimizer` pile shown in its two parts as well: `master_weights`
+    (4 bytes per parameter) and Adam's `moments` (8): 2 + 2 + 4 + 8 = the ZeRO paper's 2 + 2 + 12."""
+    if masters:
+        piles["master_weights"], piles["moments"] = masters, piles["optimizer"] - masters
     return piles
 
 

@@ -142,6 +142,7 @@ def test_ledger_is_2_2_12_bytes_per_parameter_of_each_shard(four):
             if r["padded"] is None:
                 n = r["params"]
                 assert got == (2 * n, 2 * n, 12 * n), layout
+                assert (r["memory"]["master_weights"], r["memory"]["moments"]) == (4 * n, 8 * n)
                 continue
             psi, n = sum(r["padded"]), r["ranks"]
             stage = int(layout[layout.index("zero") + 4])
@@ -150,6 +151,7 @@ def test_ledger_is_2_2_12_bytes_per_parameter_of_each_shard(four):
             if "pp" in layout:  # the mesh's ZeRO-1 accumulates micro-batches in the parameters' own .grad
                 want = (want[0], 2 * r["numel"], want[2])
             assert got == want, (layout, got, want)
+            assert (r["memory"]["master_weights"], r["memory"]["moments"]) == (4 * psi // n, 8 * psi // n)
 
 
 def test_sixteen_bit_gradients_halve_the_dp_traffic(four):

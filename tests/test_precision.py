@@ -91,6 +91,7 @@ def test_mixed_precision_ledger_is_2_2_12_bytes_per_parameter():
         psi = trainer.num_parameters()
         ledger = trainer.memory()
         assert (ledger["params"], ledger["grads"], ledger["optimizer"]) == (2 * psi, 2 * psi, 12 * psi), precision
+        assert (ledger["master_weights"], ledger["moments"]) == (4 * psi, 8 * psi)  # the 12, apart
 
 
 def test_master_weights_keep_updates_an_fp16_weight_loses():

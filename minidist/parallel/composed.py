@@ -299,7 +299,7 @@ class MeshZero1Trainer(MeshTrainer):
         ledger["params"] = sum(flat.nbytes for flat in self.param_buffers)  # padded flat buffers
         ledger["optimizer"] = self.optimizer.nbytes()
         ledger["peak"] = ledger["params"] + ledger["grads"] + ledger["optimizer"] + ledger["activations"]
-        return ledger
+        return memory.with_masters_apart(ledger, self.optimizer.master_nbytes())
 
     def checkpoint_state(self) -> dict[str, np.ndarray]:
         """This rank's chunk of every unit (weights, moments, masters), the step count, its

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from minidist import memory
 from minidist.comm import all_gather, all_reduce, reduce_scatter
 from minidist.comm.world import World, resolve
 from minidist.data import accuracy
@@ -194,7 +195,7 @@ class Zero1Trainer(Trainer):
                  "optimizer": self.optimizer.nbytes(), "activations": int(self.activation_bytes),
                  "transient": self.live.peak}
         piles["peak"] = sum(piles.values())
-        return piles
+        return memory.with_masters_apart(piles, self.optimizer.master_nbytes())
 
     def num_parameters(self) -> int:
         return sum(u.numel for u in self.units)

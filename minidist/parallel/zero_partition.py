@@ -164,8 +164,10 @@ class ShardedAdamW:
                 self.params[u][...] = p  # the master, rounded to the 16-bit chunk
 
     def nbytes(self) -> int:
-        masters = sum(m.nbytes for m in self.masters) if self.masters is not None else 0
-        return masters + sum(m.nbytes + v.nbytes for m, v in zip(self.exp_avg, self.exp_avg_sq))
+        return self.master_nbytes() + sum(m.nbytes + v.nbytes for m, v in zip(self.exp_avg, self.exp_avg_sq))
+
+    def master_nbytes(self) -> int:
+        return sum(m.nbytes for m in self.masters) if self.masters is not None else 0
 
 
 def mixed_precision_step(optimizer: ShardedAdamW, scaler, settings, step: int, everyone, norm_groups: list,
