@@ -94,15 +94,18 @@ def queue_starts(counts: np.ndarray) -> np.ndarray:
     """counts (R, k, E) of R consecutive slices of the batch -> (R, k, E): the place in expert
     e's queue of slice r's first choice-j token. First choices queue before second choices;
     within a choice, slice after slice."""
+    ### BEGIN SOLUTION assignment=moe_capacity
     per_choice = counts.sum(axis=0)                            # (k, E)
     choice_start = np.cumsum(per_choice, axis=0) - per_choice  # all first choices come first
     slice_start = np.cumsum(counts, axis=0) - counts           # earlier slices come first
     return choice_start[None] + slice_start
+    ### END SOLUTION
 
 
 def assign_slots(experts: np.ndarray, starts: np.ndarray) -> np.ndarray:
     """(N, k) places in the experts' queues of this slice's choices; `starts` (k, E) is this
     slice's row of `queue_starts`. Tokens queue in order of position."""
+    ### BEGIN SOLUTION assignment=moe_capacity
     n, k = experts.shape
     slots = np.empty((n, k), dtype=np.int64)
     for j in range(k):
@@ -110,6 +113,7 @@ def assign_slots(experts: np.ndarray, starts: np.ndarray) -> np.ndarray:
         ahead = np.cumsum(same, axis=0)[np.arange(n), experts[:, j]] - 1
         slots[:, j] = starts[j, experts[:, j]] + ahead
     return slots
+    ### END SOLUTION
 
 
 @dataclass
