@@ -11,6 +11,7 @@ Traffic per mesh axis, from the labelled counters, each beside its formula: dp s
 rank's own shard (2(N-1)/N of its bytes, here N = 2), pp one activation per micro-batch, the
 embedding group the tied weight's gradient once, tp what chapter 6's formula predicts.
 """
+import numpy as np
 import pytest
 
 from conftest import check_against_serial, serial_run
@@ -166,3 +167,38 @@ def test_bad_meshes_fail_in_one_line_before_any_message(kwargs, message):
 def test_mesh_names_list_the_degrees_above_one():
     assert mesh_name(2, 2, 1) == "dp2-tp2" and mesh_name(1, 2, 2) == "tp2-pp2"
     assert mesh_name(2, 2, 2, zero=1, sequence_parallel=True) == "dp2-tp2-pp2-sp-zero1"
+
+
+def recompute_in_a_mesh():
+    """tp2 x pp2 with dropout, with and without sequence parallelism: full recomputation of each
+    stage's blocks (chapter 11) against none."""
+    from minidist.comm import get_world
+    from minidist.data import make_task
+    from minidist.parallel.composed import MeshTrainer
+    from minidist.tensor import default_dtype
+    from minidist.train import OptimSettings
+
+    out = {}
+    with default_dtype("float64"):
+        for sequence_parallel in (False, True):
+            for mode in ("none", "full"):
+                trainer = MeshTrainer(GPTConfig(**dict(SMALL, dropout=0.1)), OptimSettings(**SETTINGS),
+                                      make_task("sort", SMALL["block_size"], seed=0), BATCH, group=get_world(), tp=2,
+                                      pp=2, microbatches=2, sequence_parallel=sequence_parallel)
+                if mode == "full":
+                    trainer.stage.set_recompute("full")
+                results = [trainer.step(s) for s in range(STEPS)]
+                out[sequence_parallel, mode] = (results, trainer.memory()["activations"], trainer.state_dict())
+    return out
+
+
+def test_recomputation_composes_with_tensor_and_sequence_parallelism():
+    """The recomputed blocks issue their tensor-parallel collectives again in backward, on every
+    rank alike; dropout's masks are replayed: the same numbers bit for bit, fewer activations."""
+    for rank in run(recompute_in_a_mesh, 4, timeout=240):
+        for sequence_parallel in (False, True):
+            (plain, plain_bytes, plain_state), (again, again_bytes, again_state) = (
+                rank[sequence_parallel, "none"], rank[sequence_parallel, "full"])
+            assert again == plain and again_bytes < plain_bytes
+            if plain_state is not None:
+                assert all(np.array_equal(again_state[k], v) for k, v in plain_state.items())
