@@ -217,7 +217,9 @@ def sendrecv(send_array: np.ndarray, dst: int, recv_array: np.ndarray, src: int,
     """Send to `dst` and receive from `src` at the same time. Posting both before waiting is
     what makes a ring deadlock-free: if every rank did a blocking send first, large messages
     (which MPI does not buffer) would leave every rank waiting for its neighbour to receive."""
+    ### BEGIN SOLUTION assignment=sendrecv
     r = irecv(recv_array, src, tag, group)
     s = isend(send_array, dst, tag, group)
     wait([r, s], timeout)
+    ### END SOLUTION
     return recv_array
