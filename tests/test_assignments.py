@@ -20,7 +20,7 @@ NAMES = [a.name for a in ASSIGNMENTS]
 
 def test_markers_parse_and_every_region_is_a_registered_assignment():
     regions = all_regions()
-    assert len(ASSIGNMENTS) == 10
+    assert len(ASSIGNMENTS) == 11
     assert {r.name for r in regions} == set(NAMES)  # every region registered, every assignment marked
     assert all(r.begin < r.end for r in regions)
 
@@ -82,7 +82,7 @@ def test_a_full_student_build_earns_nothing_and_the_report_says_why(tmp_path):
         assert result["passed"] == 0 and len(result["failures"]) == result["tests"] >= 1
         assert all(f["message"] for f in result["failures"]), result["failures"]
     assert sum("YOUR CODE HERE" in f["message"] for r in report["assignments"] for f in r["failures"]) >= 4
-    assert "total" in proc.stdout and "0/22" in proc.stdout
+    assert "total" in proc.stdout and "0/23" in proc.stdout
 
 
 @pytest.mark.parametrize("restored", ["one_f_one_b", "tensor_parallel_f_g"])

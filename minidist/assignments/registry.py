@@ -35,6 +35,8 @@ ASSIGNMENTS = [
     Assignment("ddp_bucket_hook", 3, 3, 45,
                "minidist/parallel/data_parallel.py DistributedDataParallel._grad_ready and _launch",
                ("minidist/assignments/checks/test_ddp_bucket_hook.py",)),
+    Assignment("layer_partition", 4, 1, 15, "minidist/parallel/pipeline_stage.py partition (each stage's blocks)",
+               ("minidist/assignments/checks/test_partition.py",)),
     Assignment("one_f_one_b", 5, 2, 30, "minidist/parallel/schedules.py one_f_one_b",
                ("tests/test_schedules.py::test_1f1b_warmup_is_p_minus_rank_minus_1_forwards",
                 "tests/test_schedules.py::test_activations_held_gpipe_m_and_1f1b_p_minus_rank"),

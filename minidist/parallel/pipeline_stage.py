@@ -20,9 +20,11 @@ from minidist.recompute import check_recompute, checkpoint_sequential
 def partition(n_layer: int, stages: int) -> list[tuple[int, int]]:
     """Balanced layer ranges [start, end) per stage; the first n_layer % p stages get one more
     (the last stage also runs the head and the loss, so it is the one to keep light)."""
+    ### BEGIN SOLUTION assignment=layer_partition
     sizes = [n_layer // stages + (r < n_layer % stages) for r in range(stages)]
     bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
     return [(int(bounds[r]), int(bounds[r + 1])) for r in range(stages)]
+    ### END SOLUTION
 
 
 def check_layout(config: GPTConfig, batch_size: int, stages: int, microbatches: int, schedule: str,
