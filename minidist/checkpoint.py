@@ -31,6 +31,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -202,3 +203,31 @@ def read_file(file: Path, entry: dict) -> dict[str, np.ndarray]:
             raise ValueError(f"{file}: array {key} has shape {tuple(found[key][0])} {found[key][1]}, "
                              f"the manifest says {tuple(shape)} {dtype}")
     return state
+
+
+# ----------------------------------------------------------------------------- the demo's --json and --save
+
+
+def write_json(path: str, report: dict) -> None:
+    replace_atomically(path, "w", lambda f: json.dump(report, f, indent=1))
+
+
+def save_weights(path: str, state: dict) -> None:
+    replace_atomically(path, "wb", lambda f: np.savez(f, **state))
+
+
+def replace_atomically(path: str, mode: str, write) -> None:
+    """Write beside `path`, then rename over it: a reader never sees half a file, and a failed
+    write leaves neither a half file nor its temporary. The file gets the user's umask."""
+    directory = os.path.dirname(os.path.abspath(path))
+    with tempfile.NamedTemporaryFile(mode, dir=directory, delete=False, suffix=".tmp") as f:
+        try:
+            write(f)
+        except BaseException:
+            f.close()
+            os.unlink(f.name)
+            raise
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(f.name, 0o666 & ~umask)  # NamedTemporaryFile makes 0600
+    os.replace(f.name, path)

@@ -42,11 +42,9 @@ that this world and model allow, and one table comparing their losses and weight
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -326,31 +324,6 @@ def print_table(rows) -> None:
               f"{r['bytes_sent_per_rank'] / 1e6:12.2f} MB {r['peak_bytes_per_rank'] / 1e6:11.1f} MB")
 
 
-def write_json(path: str, report: dict) -> None:
-    replace_atomically(path, "w", lambda f: json.dump(report, f, indent=1))
-
-
-def save_weights(path: str, state: dict) -> None:
-    replace_atomically(path, "wb", lambda f: np.savez(f, **state))
-
-
-def replace_atomically(path: str, mode: str, write) -> None:
-    """Write beside `path`, then rename over it: a reader never sees half a file, and a failed
-    write leaves neither a half file nor its temporary. The file gets the user's umask."""
-    directory = os.path.dirname(os.path.abspath(path))
-    with tempfile.NamedTemporaryFile(mode, dir=directory, delete=False, suffix=".tmp") as f:
-        try:
-            write(f)
-        except BaseException:
-            f.close()
-            os.unlink(f.name)
-            raise
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(f.name, 0o666 & ~umask)  # NamedTemporaryFile makes 0600
-    os.replace(f.name, path)
-
-
 def main(argv=None) -> int:
     faults.install()
     tune_malloc()
@@ -421,9 +394,9 @@ def finish(args, world, report: dict, state) -> int:
     if world.rank == 0:
         report.pop("state", None)
         if args.json:
-            write_json(args.json, report)
+            checkpoint.write_json(args.json, report)
         if args.save:
-            save_weights(args.save, state)
+            checkpoint.save_weights(args.save, state)
     return 0
 
 
