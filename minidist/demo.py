@@ -120,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="all-reduce algorithm of every strategy (chapter 7); auto: shared memory on one machine")
     p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
                    help="compute in 16 bits with fp32 master weights (chapter 10); fp16 with a dynamic loss scale")
+    p.add_argument("--fp32-grads", action="store_true",
+                   help="with --precision bf16|fp16 and --dp: keep and all-reduce the gradients in fp32 (chapter 10)")
     p.add_argument("--initial-loss-scale", type=cli.number(0, lo_open=True), default=2.0**16,
                    help="with --precision fp16: the dynamic loss scale's start (default 65536)")
     p.add_argument("--loss-scale-window", type=positive, default=2000,
@@ -174,6 +176,7 @@ def check_args(args, world_size: int):
         raise ValueError(f"--recompute {args.recompute} --segments {args.segments}: {error}") from None
     kind, layout = strategies.choose(args, config, world_size)
     strategies.check_recompute_layout(kind, args)
+    strategies.check_fp32_grads(kind, args)
     if args.save and kind is None:
         raise ValueError("--save needs one layout (e.g. --dp N): the tour trains many models and keeps none")
     if args.checkpoint is not None and kind is None:

@@ -204,6 +204,7 @@ def make_mesh_trainer(mesh: dict, args, config, task, world, settings):
         pp=mesh["pp"], microbatches=args.microbatches if pipeline else args.accumulation,
         schedule=args.schedule if pipeline else "1f1b", virtual_stages=_virtual(args, args.schedule) if pipeline else 1,
         sequence_parallel=mesh["sequence_parallel"], bucket_cap_bytes=args.bucket_kb * 1024,
+        fp32_grads=getattr(args, "fp32_grads", False),
         precision=getattr(args, "precision", "fp32"))
 
 
@@ -229,6 +230,19 @@ def check_recompute_layout(kind: str | None, args) -> None:
     raise ValueError(f"--recompute {mode} is not built for the {kind} layout (the model's blocks run inside "
                      "FSDP's or tensor parallelism's own loop there): use it with serial, --dp, --zero 1/2, --pp "
                      "or a composed layout")
+
+
+def check_fp32_grads(kind: str | None, args) -> None:
+    """--fp32-grads (chapter 10): the gradients of 16-bit weights kept and all-reduced in fp32 by
+    data parallelism's buckets. One line, before any message, where it cannot apply."""
+    if not getattr(args, "fp32_grads", False):
+        return
+    if getattr(args, "precision", "fp32") == "fp32":
+        raise ValueError("--fp32-grads keeps the gradients of 16-bit weights in fp32: it needs --precision bf16|fp16")
+    mesh = parse_mesh_name(kind) if kind else None
+    if kind != "dp" and (mesh is None or mesh["zero"]):
+        raise ValueError(f"--fp32-grads applies to data parallelism's buckets (--dp N, or a composed layout without "
+                         f"--zero), not to the {kind or 'tour'} layout")
 
 
 def apply_recompute(trainer, args) -> None:
@@ -272,6 +286,7 @@ def build_trainer(kind: str, args, config, task, world):
         trainer = BalancedDataParallelTrainer if getattr(args, "balance", False) else DataParallelTrainer
         return trainer(config, settings, task, args.batch_size, group=world, overlap=kind == "dp",
                        bucket_cap_bytes=args.bucket_kb * 1024, accumulation=args.accumulation,
+                       fp32_grads=getattr(args, "fp32_grads", False),
                        precision=precision, **common)
     if kind in ("tp", "tp-sp"):
         return TensorParallelTrainer(config, settings, task, args.batch_size, group=world,

@@ -64,6 +64,8 @@ CASES = [  # (program, flag, arguments, ranks)
     (DEMO, "--checkpoint-every", ["--checkpoint-every", "0"], 1),
     (DEMO, "--precision", ["--precision", "fp8"], 1),
     (DEMO, "--precision", ["--precision", "bf16", "--dtype", "float64"], 1),
+    (DEMO, "--fp32-grads", ["--fp32-grads"], 1),  # needs 16-bit weights
+    (DEMO, "--fp32-grads", ["--fp32-grads", "--precision", "bf16", "--dp", "2", "--zero", "1"], 2),
     (DEMO, "--initial-loss-scale", ["--initial-loss-scale", "0"], 1),
     (DEMO, "--loss-scale-window", ["--loss-scale-window", "0"], 1),
     (DEMO, "--recompute", ["--recompute", "some"], 1),

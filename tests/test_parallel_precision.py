@@ -196,3 +196,30 @@ def test_sixteen_bit_all_reduce_sums_in_fp32_and_rounds_once():
     for rank in run(sixteen_bit_sums, 4, timeout=120):
         for dtype, eps in (("float16", 2.0**-10), ("bfloat16", 2.0**-7)):
             np.testing.assert_array_equal(rank[dtype], np.float32(1 + 2 * eps))
+
+
+def fp32_gradient_program():
+    from minidist.comm import traffic
+
+    out = {}
+    for fp32_grads in (False, True):
+        trainer = build(dict(dp=2, pp=2, microbatches=2, fp32_grads=fp32_grads), "bf16")
+        traffic.reset()
+        losses = [trainer.step(s)[0] for s in range(STEPS)]
+        out[fp32_grads] = {"losses": losses, "memory": trainer.memory(), "traffic": traffic.by_label(traffic.snapshot()),
+                           "params": sum(p.size for p in trainer.stage.parameters())}
+    return out
+
+
+def test_fp32_gradients_of_16_bit_weights_cost_4_bytes_and_twice_the_dp_traffic():
+    """Megatron-LM's --accumulate-allreduce-grads-in-fp32: micro-batches accumulate, and replicas
+    average, in fp32. The gradients take 4 bytes per parameter instead of 2, and so do the bytes
+    each rank sends over dp; the weights stay 16-bit."""
+    for rank in run(fp32_gradient_program, 4, timeout=120):
+        n = rank[False]["params"]
+        assert rank[False]["memory"]["grads"] == 2 * n and rank[True]["memory"]["grads"] == 4 * n
+        assert rank[True]["memory"]["params"] == 2 * n
+        assert rank[False]["traffic"]["dp"] == STEPS * (2 * n + 16)
+        assert rank[True]["traffic"]["dp"] == STEPS * (4 * n + 16)
+        for a, b in zip(rank[True]["losses"], rank[False]["losses"]):
+            assert abs(a - b) <= 8 * FORMATS["bf16"].eps * b

@@ -90,13 +90,13 @@ class MeshTrainer(PipelineTrainer):
     def __init__(self, config: GPTConfig, settings: OptimSettings, task, batch_size: int, seed: int = 0,
                  group: World | None = None, dp: int = 1, tp: int = 1, pp: int = 1, microbatches: int = 1,
                  schedule: str = "1f1b", virtual_stages: int | None = None, sequence_parallel: bool = False,
-                 bucket_cap_bytes: int = 1 << 20, precision: str = "fp32"):
+                 bucket_cap_bytes: int = 1 << 20, precision: str = "fp32", fp32_grads: bool = False):
         world = resolve(group)
         v = virtual_stages if virtual_stages is not None else (2 if schedule == "interleaved" else 1)
         check_composed(config, world.size, batch_size, dp, tp, pp, microbatches, schedule, v, sequence_parallel,
                        self.zero)
         self.mesh = mesh = DeviceMesh(world, dp=dp, tp=tp, pp=pp)
-        self.sequence_parallel, self.precision = sequence_parallel, precision
+        self.sequence_parallel, self.precision, self.fp32_grads = sequence_parallel, precision, fp32_grads
         self.scaler = make_scaler(precision, settings)
         # every tensor-parallel message's size follows from these facts: checked once (chapter 7)
         self.tp_group = mesh.tp_group.verify("the tensor-parallel layout",
@@ -122,7 +122,8 @@ class MeshTrainer(PipelineTrainer):
 
     def build_data_parallel(self, bucket_cap_bytes: int) -> None:
         """Chapter 3's bucketed wrapper over the dp group, around this rank's stage shard."""
-        self.ddp = DistributedDataParallel(self.stage, self.mesh.dp_group, bucket_cap_bytes, timeline=self.timeline)
+        self.ddp = DistributedDataParallel(self.stage, self.mesh.dp_group, bucket_cap_bytes, timeline=self.timeline,
+                                           grad_dtype=np.float32 if self.fp32_grads else None)
 
     def accumulating(self):
         """While the schedule runs, gradients accumulate locally: no dp message per micro-batch."""

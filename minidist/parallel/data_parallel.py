@@ -138,8 +138,9 @@ class Bucket:
         self.started = self.finished = None  # when it started, when it was first seen complete
 
 
-def make_buckets(params: list, cap_bytes: int) -> list[Bucket]:
-    """Group parameters, last first (backward's order), into buckets of about cap_bytes."""
+def make_buckets(params: list, cap_bytes: int, dtype=None) -> list[Bucket]:
+    """Group parameters, last first (backward's order), into buckets of about cap_bytes, in the
+    parameters' dtype or `dtype` (fp32 gradients of 16-bit weights, chapter 10)."""
     buckets, current, size = [], [], 0
     for p in reversed(params):
         if current and size + p.data.nbytes > cap_bytes:
@@ -149,7 +150,7 @@ def make_buckets(params: list, cap_bytes: int) -> list[Bucket]:
         size += p.data.nbytes
     if current:
         buckets.append(current)
-    return [Bucket(i, ps, ps[0].dtype) for i, ps in enumerate(buckets)]
+    return [Bucket(i, ps, dtype or ps[0].dtype) for i, ps in enumerate(buckets)]
 
 
 class DistributedDataParallel(NaiveDistributedDataParallel):
@@ -163,8 +164,10 @@ class DistributedDataParallel(NaiveDistributedDataParallel):
     """
 
     def __init__(self, module, group: World | None = None, bucket_cap_bytes: int = 1 << 20,
-                 algorithm: str | None = None, timeline=None):
-        self.buckets = make_buckets(module.parameters(), bucket_cap_bytes)
+                 algorithm: str | None = None, timeline=None, grad_dtype=None):
+        # grad_dtype=float32 with 16-bit weights: gradients accumulate and travel in fp32
+        # (Megatron-LM's --accumulate-allreduce-grads-in-fp32): 4 bytes each, no 16-bit sums
+        self.buckets = make_buckets(module.parameters(), bucket_cap_bytes, grad_dtype)
         self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
         self.hook_seconds = 0.0  # time spent in the gradient hooks (launching, progressing all-reduces)
         super().__init__(module, group, algorithm, timeline)
@@ -239,7 +242,7 @@ class DataParallelTrainer(Trainer):
     def __init__(self, config: GPTConfig, settings: OptimSettings, task, batch_size: int, seed: int = 0,
                  group: World | None = None, overlap: bool = True, bucket_cap_bytes: int = 1 << 20,
                  accumulation: int = 1, algorithm: str | None = None, rows: list[int] | None = None,
-                 precision: str = "fp32"):
+                 precision: str = "fp32", fp32_grads: bool = False):
         self.world = resolve(group)
         dp = self.world.size
         if rows is None and batch_size % (dp * accumulation):
@@ -259,7 +262,8 @@ class DataParallelTrainer(Trainer):
         # chapter 10: 16-bit weights (so 16-bit gradients, and buckets) before DDP sees them
         masters = to_low_precision(self.model, precision) if precision != "fp32" else None
         if overlap:
-            self.ddp = DistributedDataParallel(self.model, self.world, bucket_cap_bytes, algorithm, self.timeline)
+            self.ddp = DistributedDataParallel(self.model, self.world, bucket_cap_bytes, algorithm, self.timeline,
+                                               np.float32 if fp32_grads else None)
         else:
             self.ddp = NaiveDistributedDataParallel(self.model, self.world, algorithm, self.timeline)
         self.optimizer = make_optimizer(self.model, settings, masters)
