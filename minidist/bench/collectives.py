@@ -31,7 +31,6 @@ all-reduce with the two-level model (key predicted_two_level_seconds).
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import numpy as np
@@ -42,6 +41,7 @@ from minidist import cli
 from minidist.comm import cost, faults, traffic
 from minidist.comm.algorithms import chunk_bounds
 from minidist.runtime import limit_threads_per_rank, tune_malloc
+from minidist.bench import write_records
 
 DEFAULT_SIZES = ["1K", "4K", "16K", "64K", "256K", "1M", "4M", "16M", "64M"]
 QUICK_SIZES = ["1K", "16K", "64K", "1M", "16M"]
@@ -322,8 +322,5 @@ def main(argv=None):
                   f"{x['mpi_seconds'] * 1e6:10.1f} {x['seconds'] / x['mpi_seconds']:6.2f} "
                   f"{x.get('busbw', 0) / 1e9:10.3f} {x.get('predicted_seconds', x['seconds']) * 1e6:10.1f} "
                   f"{human(x['bytes_sent_per_rank']):>10s}")
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(records, f, indent=1)
-            print(f"wrote {len(records)} records to {args.json}")
+        write_records(args.json, records)
     return 0

@@ -30,7 +30,6 @@ and keeps its heads' T x T weights where the ring keeps none.
 """
 from __future__ import annotations
 
-import json
 import time
 
 import numpy as np
@@ -39,6 +38,7 @@ from minidist import cli
 from minidist.comm.launch import run
 from minidist.parallel.context_parallel import ALGORITHMS, check_sequence_split, ring_attention_traffic
 from minidist.parallel.ulysses import check_ulysses, ulysses_traffic
+from minidist.bench import write_records
 
 WAYS = [(algorithm, split) for algorithm in ALGORITHMS for split in ("contiguous", "zigzag")]
 
@@ -165,8 +165,5 @@ def main(argv=None) -> int:
         ranks = run(measure, cp, shape, args.repeats, timeout=args.timeout, echo=False)
         records += records_of(cp, ranks, shape)
     print_table(records)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(records, f, indent=1)
-        print(f"wrote {len(records)} records to {args.json}")
+    write_records(args.json, records)
     return 0

@@ -34,7 +34,6 @@ gloo, so PyTorch's data-parallel speedup over its own serial step is measured be
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from collections import Counter
 
@@ -42,6 +41,7 @@ import numpy as np
 
 from minidist import cli
 from minidist.comm.launch import run
+from minidist.bench import write_records
 
 CONFIG = dict(vocab_size=256, block_size=64, n_layer=4, n_head=4, n_embd=128)
 BATCH = 16
@@ -226,10 +226,7 @@ def main(argv=None) -> int:
                 records[-1]["of_ceiling"] = float(np.median(ratios))
                 records[-1]["of_ceiling_range"] = [min(ratios), max(ratios)]
     print_table(records)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(records, f, indent=1)
-        print(f"wrote {len(records)} records to {args.json}")
+    write_records(args.json, records)
     return 0
 
 

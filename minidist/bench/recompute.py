@@ -28,7 +28,6 @@ block per run), not at Chen et al.'s sqrt(n).
 """
 from __future__ import annotations
 
-import json
 import time
 
 from threadpoolctl import threadpool_limits
@@ -40,6 +39,7 @@ from minidist.recompute_cost import DEMO, RandomTokens, activation_bytes, ledger
 from minidist.runtime import tune_malloc
 from minidist.tensor import default_dtype
 from minidist.train import OptimSettings, SerialTrainer
+from minidist.bench import write_records
 
 BATCH = 16
 
@@ -145,8 +145,5 @@ def main(argv=None) -> int:
         print_ledger(config, args.batch_size)
         records = measure(config, args.batch_size, settings, args.steps)
     print_table(records)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(records, f, indent=1)
-        print(f"wrote {len(records)} records to {args.json}")
+    write_records(args.json, records)
     return 0
