@@ -124,8 +124,8 @@ def choose_context_parallel(args, config, world_size: int) -> tuple[str, dict]:
                if getattr(args, flag, None)]
     if others:
         raise ValueError(f"--cp combines with --dp only, not --{others[0].replace('_', '-')}")
-    if args.accumulation != 1 or getattr(args, "precision", "fp32") != "fp32":
-        raise ValueError("--cp runs one fp32 step per batch: leave --accumulation 1 and --precision fp32")
+    if args.accumulation != 1:
+        raise ValueError("--cp runs one step per batch: leave --accumulation 1")
     dp = args.dp or 1
     if args.cp * dp != world_size:
         flags = f"--cp {args.cp}" + (f" --dp {dp}" if args.dp else "")
@@ -278,7 +278,8 @@ def build_trainer(kind: str, args, config, task, world):
         return make_mesh_trainer(mesh, args, config, task, world, settings)
     context = parse_context_parallel_name(kind)
     if context is not None:
-        return ContextParallelTrainer(config, settings, task, args.batch_size, group=world, **context, **common)
+        return ContextParallelTrainer(config, settings, task, args.batch_size, group=world,
+                                      precision=getattr(args, "precision", "fp32"), **context, **common)
     precision = getattr(args, "precision", "fp32")
     if kind == "serial":
         return SerialTrainer(config, settings, task, args.batch_size, precision=precision, **common)

@@ -223,3 +223,39 @@ def test_fp32_gradients_of_16_bit_weights_cost_4_bytes_and_twice_the_dp_traffic(
         assert rank[True]["traffic"]["dp"] == STEPS * (4 * n + 16)
         for a, b in zip(rank[True]["losses"], rank[False]["losses"]):
             assert abs(a - b) <= 8 * FORMATS["bf16"].eps * b
+
+
+def context_parallel_program(precisions):
+    from minidist.comm import get_world
+    from minidist.data import make_task
+    from minidist.model import GPTConfig
+    from minidist.parallel.context_parallel import ContextParallelTrainer
+    from minidist.train import OptimSettings
+
+    out = {}
+    for precision in precisions:
+        trainer = ContextParallelTrainer(GPTConfig(**CONFIG), OptimSettings(**SETTINGS), make_task("sort", 16, seed=0),
+                                         BATCH, group=get_world(), cp=2, dp=2, precision=precision)
+        losses = [trainer.step(s)[0] for s in range(STEPS)]
+        state = trainer.state_dict()
+        out[precision] = {"losses": losses, "memory": trainer.memory(), "params": trainer.num_parameters(),
+                          "state": None if state is None else {k: v.astype(np.float32) for k, v in state.items()}}
+    return out
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_context_parallel_follows_serial_within_the_formats_bounds(precision):
+    """Each sequence split over cp = 2 ranks, dp = 2 replicas, in 16 bits: the same bounds."""
+    want_losses, want_state = serial(precision)
+    ranks = run(context_parallel_program, 4, [precision], timeout=240)
+    got, eps = ranks[0][precision], FORMATS[precision].eps
+    for g, w in zip(got["losses"], want_losses):
+        assert abs(g - w) <= 8 * eps * w
+    from minidist.train import OptimSettings
+
+    drift = 2 * sum(OptimSettings(**SETTINGS).lr_at(s) for s in range(STEPS))
+    for key, value in want_state.items():
+        assert float(np.max(np.abs(got["state"][key] - value))) <= drift + eps * float(np.max(np.abs(value))), key
+    for rank in ranks:
+        n, ledger = rank[precision]["params"], rank[precision]["memory"]
+        assert (ledger["params"], ledger["grads"], ledger["optimizer"]) == (2 * n, 2 * n, 12 * n)

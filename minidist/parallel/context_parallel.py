@@ -51,14 +51,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from minidist import memory
-from minidist.comm import all_reduce, irecv, isend, wait
+from minidist.comm import all_reduce, any_rank, irecv, isend, wait
 from minidist.comm.world import World, resolve
 from minidist.data import IGNORE_INDEX, shard_rows
+from minidist.mixed_precision import finish_step, to_low_precision
 from minidist.model import GPT, GPTConfig
 from minidist.parallel.data_parallel import DistributedDataParallel
 from minidist.parallel.ulysses import check_ulysses, ulysses_attention, ulysses_traffic
+from minidist.precision import autocast
 from minidist.tensor import Function, get_default_dtype, graph_bytes
-from minidist.train import OptimSettings, Trainer, clip_and_step, load_training_state, make_optimizer, training_state
+from minidist.train import (OptimSettings, Trainer, clip_and_step, load_training_state, make_optimizer, make_scaler,
+                            precision_report, training_state)
 
 ALGORITHMS, SPLITS = ("ring", "ulysses"), ("zigzag", "contiguous")
 KV_TAG, DKV_TAG = 11, 12  # the ring's two streams of messages: K/V blocks, their gradients
@@ -345,7 +348,7 @@ class ContextParallelTrainer(Trainer):
 
     def __init__(self, config: GPTConfig, settings: OptimSettings, task, batch_size: int, seed: int = 0,
                  group: World | None = None, cp: int = 1, dp: int = 1, algorithm: str = "ring",
-                 split: str = "zigzag"):
+                 split: str = "zigzag", precision: str = "fp32"):
         world = resolve(group)
         check_context_parallel(config, cp, dp, world.size, batch_size, algorithm, split)
         self.name = context_parallel_name(cp, dp, algorithm, split)
@@ -357,11 +360,14 @@ class ContextParallelTrainer(Trainer):
         self.cp_group = world.split(color=self.dp_rank, label="cp").verify("the context-parallel layout", facts)
         self.split = SequenceSplit(config.block_size, cp, split)
         self.model = GPT(config, seed=seed)
+        self.precision, self.scaler = precision, make_scaler(precision, settings)
+        # chapter 10: 16-bit weights; attention's blocks travel in fp32 (its Functions compute in it)
+        masters = to_low_precision(self.model, precision) if precision != "fp32" else None
         self.cp_model = ContextParallelGPT(self.model, self.cp_group, self.split, algorithm)
         # gradients summed over cp and averaged over dp: one all-reduce over every rank
         self.ddp = DistributedDataParallel(self.model, world.split(color=0, label="dp-cp"))
         self.group = self.ddp.group
-        self.optimizer = make_optimizer(self.model, settings)
+        self.optimizer = make_optimizer(self.model, settings, masters)
         self.activation_bytes = 0
 
     def step(self, step: int):
@@ -372,14 +378,19 @@ class ContextParallelTrainer(Trainer):
         x, y = x[rows][:, positions], y[rows][:, positions]  # my replica's sequences, my tokens of them
         mine = y != IGNORE_INDEX
         self.optimizer.zero_grad()
-        logits, loss = self.cp_model(x, y)
+        with autocast(self.precision):  # fp32: nothing changes
+            logits, loss = self.cp_model(x, y)
         share = loss * (int(mine.sum()) / counted)  # my tokens' part of the global mean
         if not self.activation_bytes:  # every step builds the same graph: measure it once
             self.activation_bytes = graph_bytes(share)
         # DDP averages over the cp x dp ranks; the gradient is the sum of the shares
-        (share * self.group.size).backward()
+        self.scaler.scale_loss(share * self.group.size).backward()
         self.ddp.finish_gradient_synchronization()
-        clip_and_step(self.optimizer, self.optimizer.params(), self.settings, step)
+        if self.precision == "fp32":
+            clip_and_step(self.optimizer, self.optimizer.params(), self.settings, step)
+        else:  # every rank holds the same averaged gradients; they agree on a skip all the same
+            finish_step(self.optimizer, self.scaler, self.settings, step,
+                        agree=lambda found_inf: any_rank(found_inf, self.group))
         right = (np.asarray(logits.data, dtype=np.float32).argmax(-1) == y) & mine
         totals = np.array([share.item(), right.sum(), mine.sum()], dtype=np.float64)
         all_reduce(totals, group=self.group)
@@ -399,10 +410,10 @@ class ContextParallelTrainer(Trainer):
 
     def checkpoint_state(self) -> dict[str, np.ndarray]:
         """This rank's whole training state (every rank holds a full copy: each writes its own)."""
-        return training_state(self.model, self.optimizer)
+        return training_state(self.model, self.optimizer, self.scaler)
 
     def load_checkpoint_state(self, state: dict[str, np.ndarray]) -> None:
-        load_training_state(self.model, self.optimizer, state)
+        load_training_state(self.model, self.optimizer, state, self.scaler)
 
     def report(self) -> dict:
         """The demo's `context_parallel` JSON: the layout, every rank's visible score entries per
@@ -411,7 +422,7 @@ class ContextParallelTrainer(Trainer):
         s, itemsize = self.split, np.dtype(get_default_dtype()).itemsize
         traffic = context_parallel_traffic_per_step(self.config, self.batch_size // self.dp, self.cp, self.algorithm,
                                                     itemsize)
-        return {"context_parallel": {
+        return {**precision_report(self.precision, self.scaler), "context_parallel": {
             "cp": self.cp, "dp": self.dp, "algorithm": self.algorithm, "split": s.kind,
             "positions": self.cp_model.positions.tolist(),
             "unmasked_scores_per_rank": [s.unmasked_scores(r) for r in range(self.cp)],
