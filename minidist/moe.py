@@ -41,7 +41,7 @@ from minidist import memory
 from minidist.model import GPT, MLP, GPTConfig, init_weights
 from minidist.nn import Linear, Module
 from minidist.tensor import Tensor
-from minidist.train import OptimSettings, SerialTrainer, make_optimizer, make_scaler
+from minidist.train import OptimSettings, SerialTrainer
 
 
 @dataclass
@@ -277,19 +277,18 @@ def moe_report(config: MoEConfig, history: list[dict]) -> dict:
 
 
 class MoETrainer(SerialTrainer):
-    """SerialTrainer's step on the MoE GPT: the reference run of expert parallelism (fp32 or
-    float64; the 16-bit formats are not wired for the router)."""
+    """SerialTrainer's step on the MoE GPT: the reference run of expert parallelism (in fp32,
+    float64, or 16 bits: the router's softmax runs in fp32, as autocast's policy says)."""
 
     name = "moe"
 
-    def __init__(self, config: MoEConfig, settings: OptimSettings, task, batch_size: int, seed: int = 0):
-        self.task, self.batch_size, self.config = task, batch_size, config
-        self.model = MoEGPT(config, seed=seed)
-        self.settings, self.precision = settings, "fp32"
-        self.optimizer = make_optimizer(self.model, settings)
-        self.scaler = make_scaler("fp32")
-        self.activation_bytes = 0
-        self.history = []
+    def __init__(self, config: MoEConfig, settings: OptimSettings, task, batch_size: int, seed: int = 0,
+                 precision: str = "fp32"):
+        self.config, self.history = config, []
+        super().__init__(config, settings, task, batch_size, seed, precision)
+
+    def build_model(self, config: MoEConfig, seed: int):
+        return MoEGPT(config, seed=seed)
 
     def step(self, step: int):
         result = super().step(step)

@@ -105,8 +105,6 @@ def choose_moe(args, config, world_size: int) -> tuple[str, dict]:
                                      ("--accumulation", args.accumulation != 1)) if on]
     if others:
         raise ValueError(f"--experts combines with --dp and --ep only, not with {' '.join(others)}")
-    if getattr(args, "precision", "fp32") != "fp32":
-        raise ValueError(f"--experts runs in fp32 or --dtype float64, not --precision {args.precision}")
     dp, ep = args.dp or 1, args.ep or 1
     if dp != world_size:  # every rank is a data-parallel replica; --ep groups some of them
         raise ValueError(f"--experts on {world_size} ranks needs --dp {world_size}, got --dp {dp} (run: mpirun -n "
@@ -269,10 +267,12 @@ def build_trainer(kind: str, args, config, task, world):
                              initial_loss_scale=getattr(args, "initial_loss_scale", 2.0**16),
                              loss_scale_window=getattr(args, "loss_scale_window", 2000))
     common = dict(seed=args.seed)
+    precision = getattr(args, "precision", "fp32")
     if kind == "moe":
-        return MoETrainer(config, settings, task, args.batch_size, **common)
+        return MoETrainer(config, settings, task, args.batch_size, precision=precision, **common)
     if EXPERT_PARALLEL_NAME.fullmatch(kind):
-        return ExpertParallelTrainer(config, settings, task, args.batch_size, group=world, ep=args.ep or 1, **common)
+        return ExpertParallelTrainer(config, settings, task, args.batch_size, group=world, ep=args.ep or 1,
+                                     precision=precision, **common)
     mesh = parse_mesh_name(kind)
     if mesh is not None:
         return make_mesh_trainer(mesh, args, config, task, world, settings)
@@ -280,7 +280,6 @@ def build_trainer(kind: str, args, config, task, world):
     if context is not None:
         return ContextParallelTrainer(config, settings, task, args.batch_size, group=world,
                                       precision=getattr(args, "precision", "fp32"), **context, **common)
-    precision = getattr(args, "precision", "fp32")
     if kind == "serial":
         return SerialTrainer(config, settings, task, args.batch_size, precision=precision, **common)
     if kind in ("dp", "dp-naive"):

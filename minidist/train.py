@@ -115,12 +115,16 @@ class SerialTrainer(Trainer):
     def __init__(self, config: GPTConfig, settings: OptimSettings, task, batch_size: int, seed: int = 0,
                  precision: str = "fp32", scaler: DynamicLossScaler | None = None):
         self.task, self.batch_size = task, batch_size
-        self.model = GPT(config, seed=seed)
+        self.model = self.build_model(config, seed)
         self.settings, self.precision = settings, precision
         masters = to_low_precision(self.model, precision) if precision != "fp32" else None
         self.optimizer = make_optimizer(self.model, settings, masters)
         self.scaler = scaler or make_scaler(precision, settings)
         self.activation_bytes = 0
+
+    def build_model(self, config: GPTConfig, seed: int):
+        """The model trained (the mixture-of-experts trainer builds its own, moe.py)."""
+        return GPT(config, seed=seed)
 
     def step(self, step: int):
         """One optimizer step on this step's batch; returns (loss, accuracy)."""

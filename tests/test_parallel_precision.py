@@ -259,3 +259,42 @@ def test_context_parallel_follows_serial_within_the_formats_bounds(precision):
     for rank in ranks:
         n, ledger = rank[precision]["params"], rank[precision]["memory"]
         assert (ledger["params"], ledger["grads"], ledger["optimizer"]) == (2 * n, 2 * n, 12 * n)
+
+
+MOE = dict(CONFIG, num_experts=4, top_k=2, capacity_factor=1.25)
+
+
+def moe_program(precisions):
+    from minidist.comm import get_world
+    from minidist.data import make_task
+    from minidist.moe import MoEConfig
+    from minidist.parallel.expert_parallel import ExpertParallelTrainer
+    from minidist.train import OptimSettings
+
+    out = {}
+    for precision in precisions:
+        trainer = ExpertParallelTrainer(MoEConfig(**MOE), OptimSettings(**SETTINGS), make_task("sort", 16, seed=0), BATCH,
+                                        group=get_world(), ep=2, precision=precision)
+        losses = [trainer.step(s)[0] for s in range(STEPS)]
+        out[precision] = {"losses": losses, "memory": trainer.memory(),
+                          "params": sum(p.size for p in trainer.local_model.parameters())}
+    return out
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_expert_parallelism_follows_the_serial_mixture_within_the_formats_bounds(precision):
+    """Experts over ep = 2 of 2 ranks in 16 bits: the router's softmax runs in fp32 (autocast's
+    policy), so the routing of the serial 16-bit run repeats; losses within 8 eps."""
+    from minidist.data import make_task
+    from minidist.moe import MoEConfig, MoETrainer
+    from minidist.train import OptimSettings
+
+    serial_moe = MoETrainer(MoEConfig(**MOE), OptimSettings(**SETTINGS), make_task("sort", 16, seed=0), BATCH,
+                            precision=precision)
+    want = [serial_moe.step(s)[0] for s in range(STEPS)]
+    ranks = run(moe_program, 2, [precision], timeout=240)
+    for g, w in zip(ranks[0][precision]["losses"], want):
+        assert abs(g - w) <= 8 * FORMATS[precision].eps * w
+    for rank in ranks:
+        n, ledger = rank[precision]["params"], rank[precision]["memory"]
+        assert (ledger["params"], ledger["grads"], ledger["optimizer"]) == (2 * n, 2 * n, 12 * n)

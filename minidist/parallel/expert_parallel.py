@@ -42,13 +42,15 @@ import numpy as np
 
 from minidist import functional as F
 from minidist import memory
-from minidist.comm import all_gather, all_reduce, all_to_all
+from minidist.comm import all_gather, all_reduce, all_to_all, any_rank
 from minidist.comm.world import World, resolve
 from minidist.data import accuracy
+from minidist.mixed_precision import finish_step, to_low_precision
 from minidist.moe import MoEConfig, MoEGPT, MoELayer, Routing, is_moe_param, moe_param_count, moe_report
+from minidist.precision import autocast
 from minidist.tensor import Function, Tensor, get_default_dtype, graph_bytes
 from minidist.train import (OptimSettings, Trainer, clip_and_step, load_training_state, make_optimizer,
-                            training_state)
+                            make_scaler, precision_report, training_state)
 
 
 def check_expert_parallel(config, world_size: int, ep: int, batch_size: int | None = None) -> None:
@@ -174,7 +176,7 @@ class ExpertParallelTrainer(Trainer):
     name = "ep"
 
     def __init__(self, config: MoEConfig, settings: OptimSettings, task, batch_size: int, seed: int = 0,
-                 group: World | None = None, ep: int = 1):
+                 group: World | None = None, ep: int = 1, precision: str = "fp32"):
         world = resolve(group)
         check_expert_parallel(config, world.size, ep, batch_size)
         self.config, self.settings, self.task, self.batch_size, self.ep = config, settings, task, batch_size, ep
@@ -187,7 +189,9 @@ class ExpertParallelTrainer(Trainer):
         self.name = f"dp{world.size}-ep{ep}"
         self.local_model = ExpertParallelGPT(config, seed, self.dp_group, self.ep_group)
         self.model = None  # no rank holds every expert to sample from (for ep > 1)
-        self.optimizer = make_optimizer(self.local_model, settings)  # AdamW is elementwise: any split
+        self.precision, self.scaler = precision, make_scaler(precision, settings)
+        masters = to_low_precision(self.local_model, precision) if precision != "fp32" else None  # chapter 10
+        self.optimizer = make_optimizer(self.local_model, settings, masters)  # AdamW is elementwise: any split
         params = self.local_model.parameters()
         self.experts = [p for p in params if is_moe_param(p)]
         self.replicated = [p for p in params if not is_moe_param(p)]
@@ -198,14 +202,21 @@ class ExpertParallelTrainer(Trainer):
         """One optimizer step on the global batch; returns (loss, accuracy), the same on every rank."""
         w = self.dp_group.size
         x, y = self.task.get_batch(step, self.batch_size, self.dp_group.rank, w)
-        logits, loss = self.local_model(x, y)
+        with autocast(self.precision):  # fp32: nothing changes
+            logits, loss = self.local_model(x, y)
         if not self.activation_bytes:  # every step builds the same graph: measure it once
             self.activation_bytes = graph_bytes(loss)
         self.optimizer.zero_grad()
-        loss.backward()
+        self.scaler.scale_loss(loss).backward()
         self.synchronize_gradients()
-        norm = self.grad_norm() if self.settings.clip else None
-        clip_and_step(self.optimizer, self.optimizer.params(), self.settings, step, total_norm=norm)
+        params = self.optimizer.params()
+        if self.precision == "fp32":
+            norm = self.grad_norm(params, [p.grad for p in params]) if self.settings.clip else None
+            clip_and_step(self.optimizer, params, self.settings, step, total_norm=norm)
+        else:  # chapter 10: the fp32 step, every rank agreeing on a skip
+            finish_step(self.optimizer, self.scaler, self.settings, step,
+                        agree=lambda found_inf: any_rank(found_inf, self.dp_group),
+                        norm=lambda grads: self.grad_norm(params, grads))
         stats = self.local_model.moe_stats()
         totals = np.array([loss.item(), accuracy(np.asarray(logits.data, dtype=np.float32), y), stats["aux_loss"]])
         all_reduce(totals, op="avg", group=self.dp_group)  # the slices' means: the batch's
@@ -228,20 +239,21 @@ class ExpertParallelTrainer(Trainer):
                 p.grad = flat[offset:offset + p.size].reshape(p.shape)
                 offset += p.size
 
-    def grad_norm(self) -> float:
-        """The whole model's gradient norm: the replicated parameters once, every expert once
-        (each ep group holds all E of them: one number summed over the group)."""
-        def squares(params):
-            return sum(float(np.dot(p.grad.ravel(), p.grad.ravel())) for p in params)
+    def grad_norm(self, params: list, grads: list) -> float:
+        """The whole model's gradient norm from `grads` (of `params`): the replicated parameters
+        once, every expert once (each ep group holds all E of them: one number summed over it)."""
+        def squares(expert: bool):
+            return sum(float(np.dot(g.ravel(), g.ravel())) for p, g in zip(params, grads)
+                       if g is not None and is_moe_param(p) == expert)
 
-        experts = np.array([squares(self.experts)])
+        experts = np.array([squares(True)])
         if self.ep_group.size > 1:
             all_reduce(experts, op="sum", group=self.ep_group)
-        return math.sqrt(squares(self.replicated) + float(experts[0]))
+        return math.sqrt(squares(False) + float(experts[0]))
 
     def report(self) -> dict:
         slots = [h["slots_per_expert"] for h in self.history]
-        return {**moe_report(self.config, self.history),
+        return {**moe_report(self.config, self.history), **precision_report(self.precision, self.scaler),
                 "expert_parallel": {"dp": self.dp_group.size, "ep": self.ep, "slots_per_expert": slots,
                                     "bytes_sent_per_step": [expert_parallel_traffic(
                                         self.config, self.dp_group.size, self.ep, s, self.itemsize) for s in slots]}}
@@ -272,7 +284,7 @@ class ExpertParallelTrainer(Trainer):
 
     def checkpoint_state(self) -> dict[str, np.ndarray]:
         """This rank's replicated parameters, its experts, their AdamW moments, its generators."""
-        return training_state(self.local_model, self.optimizer)
+        return training_state(self.local_model, self.optimizer, self.scaler)
 
     def load_checkpoint_state(self, state: dict[str, np.ndarray]) -> None:
-        load_training_state(self.local_model, self.optimizer, state)
+        load_training_state(self.local_model, self.optimizer, state, self.scaler)
