@@ -183,25 +183,26 @@ def test_recompute_keeps_the_numbers_and_shrinks_the_activations(tmp_path, flags
     assert runs["full"]["recompute"] == "full"
 
 
-def test_experts_split_over_ranks_reproduce_the_serial_mixture(tmp_path):
-    common = ["--steps", "3", "--dtype", "float64", "--experts", "4", "--capacity-factor", "1.0", *SMALL]
-    serial, parallel = tmp_path / "moe.json", tmp_path / "ep.json"
+def serial_and_parallel(tmp_path, common: list, flags: list, nprocs: int) -> tuple[dict, dict]:
+    """The demo's JSON serially and with `flags` on `nprocs` ranks; their losses agree (float64)."""
+    serial, parallel = tmp_path / "serial.json", tmp_path / "parallel.json"
     assert demo(*common, "--json", str(serial)).returncode == 0
-    proc = demo(*common, "--dp", "2", "--ep", "2", "--json", str(parallel), nprocs=2)
+    proc = demo(*common, *flags, "--json", str(parallel), nprocs=nprocs)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     want, got = json.loads(serial.read_text()), json.loads(parallel.read_text())
     np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-9)
+    return want, got
+
+
+def test_experts_split_over_ranks_reproduce_the_serial_mixture(tmp_path):
+    common = ["--steps", "3", "--dtype", "float64", "--experts", "4", "--capacity-factor", "1.0", *SMALL]
+    want, got = serial_and_parallel(tmp_path, common, ["--dp", "2", "--ep", "2"], nprocs=2)
     assert got["layout"]["ep"] == 2 and got["moe"]["dropped_tokens"] == want["moe"]["dropped_tokens"]
 
 
 def test_context_parallel_layout_reproduces_serial(tmp_path):
     common = ["--steps", "3", "--dtype", "float64", *SMALL]
-    serial, parallel = tmp_path / "s.json", tmp_path / "cp.json"
-    assert demo(*common, "--json", str(serial)).returncode == 0
-    proc = demo(*common, "--cp", "2", "--cp-algorithm", "ulysses", "--json", str(parallel), nprocs=2)
-    assert proc.returncode == 0, proc.stderr + proc.stdout
-    want, got = json.loads(serial.read_text()), json.loads(parallel.read_text())
-    np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-9)
+    _, got = serial_and_parallel(tmp_path, common, ["--cp", "2", "--cp-algorithm", "ulysses"], nprocs=2)
     assert got["layout"]["cp"] == 2 and all(t["cp"] > 0 for t in got["traffic_by_group"])
 
 
