@@ -21,6 +21,14 @@ The stages, one class each, read in order: each overrides only what its new pile
                   completed its gradients (hooks), and its full gradients are dropped at once
     Zero3Trainer  ... and parameters: they live as chunks, a unit gathered while used (fsdp.py)
 
+Gradient accumulation (`accumulation=k`, DeepSpeed's `gradient_accumulation_steps`): a rank's
+B/N rows run as k micro-batches of B/(N k), each loss weighted by 1/k, so the k backwards add up
+to the gradient of the whole slice and the step is still the serial one. Stage 1 lets them add
+up in its full gradient buffers and reduce-scatters once, after the last: its traffic does not
+change. Stages 2 and 3 keep no full gradient to add into, so every micro-batch's gradients are
+reduce-scattered as they become ready and *added* into the owned chunk (zeroed once per step):
+k reduce-scatters per step, and stage 3 gathers the weights again for every micro-batch.
+
 Why stage 1 reduce-scatters rather than all-reduces: a rank updates only its chunk, so only
 its chunk of the *averaged* gradient is needed — an all-reduce is a reduce-scatter followed by
 an all-gather, and the all-gather that matters here is of the updated parameters. So stages 1
@@ -56,7 +64,7 @@ from minidist.train import OptimSettings, Trainer, make_scaler, precision_report
 class Zero1Trainer(Trainer):
     """ZeRO stage 1: the serial training step with AdamW's moments cut into chunks.
 
-        trainer = Zero1Trainer(config, settings, task, batch_size, group=world)
+        trainer = Zero1Trainer(config, settings, task, batch_size, group=world, accumulation=1)
         loss, acc = trainer.step(step)      # same numbers on every rank, = the serial run's
         trainer.memory()                    # this rank's live bytes by pile, and the peak
         trainer.state_dict()                # full weights, serial keys (collective: all ranks call)
@@ -70,11 +78,11 @@ class Zero1Trainer(Trainer):
     stage, name = 1, "zero1"
 
     def __init__(self, config: GPTConfig, settings: OptimSettings, task, batch_size: int, seed: int = 0,
-                 group: World | None = None, precision: str = "fp32"):
+                 group: World | None = None, precision: str = "fp32", accumulation: int = 1):
         world = resolve(group)
-        if batch_size % world.size:
-            raise ValueError(f"global batch {batch_size} is not divisible by dp={world.size}")
+        check_batch(batch_size, world.size, accumulation)
         self.task, self.batch_size, self.settings, self.config = task, batch_size, settings, config
+        self.accumulation = accumulation  # micro-batches per optimizer step
         self.live = LiveBytes()  # gradient buckets and gathered units, for memory()
         self.activation_bytes = 0
         # Every rank builds the full model from the seed (same numbers as the serial run), then
@@ -87,7 +95,8 @@ class Zero1Trainer(Trainer):
         # chapter 8: ranks that cut the same units from the same weights make matching calls
         # every step, so the group is checked once here and each collective below is one line
         self.group = world.verify("the ZeRO units", [
-            self.stage, bool(settings.clip), [(u.name, u.padded, np.dtype(u.dtype).str) for u in self.units],
+            self.stage, bool(settings.clip), accumulation,
+            [(u.name, u.padded, np.dtype(u.dtype).str) for u in self.units],
             [float(np.sum(p.data, dtype=np.float64)) for p in model.parameters()]])
         master_chunks = None if masters is None else [
             u.flatten([masters[id(p)] for p in u.params], dtype=np.float32)[u.lo:u.hi].copy() for u in self.units]
@@ -124,6 +133,9 @@ class Zero1Trainer(Trainer):
     def _forward(self, x, y):
         return self.module(x, y)
 
+    def _finish_backward(self) -> None:
+        """After each micro-batch's backward. Stage 1: nothing, its gradients add up in place."""
+
     def complete_partial_gradients(self, params: list) -> None:
         """Gradients that other ranks of the replica hold parts of are summed here (nothing to do
         for a whole model; a tensor-parallel shard's sequence-parallel parameters, zero_tensor.py)."""
@@ -149,12 +161,18 @@ class Zero1Trainer(Trainer):
     def step(self, step: int):
         """One optimizer step on the global batch; returns (global mean loss, accuracy)."""
         x, y = self.task.get_batch(step, self.batch_size, self.group.rank, self.group.size)
-        self._zero_grad()
-        with autocast(self.precision):  # fp32: nothing changes
-            logits, loss = self._forward(x, y)
-        if not self.activation_bytes:  # every step builds the same graph: measure it once
-            self.activation_bytes = graph_bytes(loss)
-        self.scaler.scale_loss(loss).backward()  # fp32 and bf16: the loss itself
+        self._zero_grad()  # once per step: the micro-batches' gradients add up
+        loss_sum = acc_sum = 0.0
+        for mx, my in zip(np.array_split(x, self.accumulation), np.array_split(y, self.accumulation)):
+            share = len(mx) / len(x)  # 1/k: the micro-batch's part of this rank's mean loss
+            with autocast(self.precision):  # fp32: nothing changes
+                logits, loss = self._forward(mx, my)
+            if not self.activation_bytes:  # one micro-batch's graph, the same every time: measure it once
+                self.activation_bytes = graph_bytes(loss)
+            self.scaler.scale_loss(loss * share).backward()  # fp16: x the loss scale, once per micro-batch
+            self._finish_backward()
+            loss_sum += loss.item() * share
+            acc_sum += self.accuracy(logits.data, my) * share
         self._finish_gradients()
         if self.precision == "fp32":
             if self.settings.clip:
@@ -163,7 +181,7 @@ class Zero1Trainer(Trainer):
         else:
             self.mixed_precision_step(step)
         self.all_gather_parameters()
-        stats = np.array([loss.item(), self.accuracy(logits.data, y)])
+        stats = np.array([loss_sum, acc_sum])  # equal rows per rank: the mean of means is the mean
         all_reduce(stats, op="avg", group=self.group)
         return float(stats[0]), float(stats[1])
 
@@ -226,7 +244,8 @@ class Zero2Trainer(Zero1Trainer):
     `grad_buffers` holds only this rank's chunk of each unit's mean gradient. A gradient hook
     (`register_post_accumulate_grad_hook`, as in chapter 3's buckets) notices when backward has
     completed a unit's gradients; the unit is reduce-scattered at once and its full gradients
-    dropped, so at most a unit's worth of full gradients exists at a time.
+    dropped, so at most a unit's worth of full gradients exists at a time. With accumulation
+    that happens in every micro-batch, each adding its mean gradient into the chunk.
     """
 
     stage, name = 2, "zero2"
@@ -242,7 +261,7 @@ class Zero2Trainer(Zero1Trainer):
     def _zero_grad(self) -> None:
         self._pending = [len(u.params) for u in self.units]
         for grad in self.grad_buffers:
-            grad[...] = 0.0
+            grad[...] = 0.0  # once per step: each micro-batch adds its share (_reduce_unit)
 
     def _grad_ready(self, p) -> None:
         """A parameter's gradient is complete; when its unit's all are, reduce the unit."""
@@ -254,22 +273,29 @@ class Zero2Trainer(Zero1Trainer):
 
     def _reduce_unit(self, index: int) -> None:
         """Copy the unit's gradients into a flat bucket, reduce_scatter(avg) it so that this rank
-        receives the mean gradient of its chunk, and drop the full gradients at once."""
+        receives this micro-batch's mean gradient of its chunk, add that into the chunk, and drop
+        the full gradients at once."""
         unit = self.units[index]
         self.complete_partial_gradients(unit.params)
         bucket = unit.flatten([p.grad for p in unit.params])
-        self.live.add(bucket.nbytes)
-        reduce_scatter(bucket, op="avg", group=self.group, out=self.grad_buffers[index])
-        self.live.sub(bucket.nbytes + sum(p.grad.nbytes for p in unit.params if p.grad is not None))
+        self.live.add(bucket.nbytes + unit.chunk * bucket.itemsize)
+        self.grad_buffers[index] += reduce_scatter(bucket, op="avg", group=self.group)
+        self.live.sub(bucket.nbytes + unit.chunk * bucket.itemsize
+                      + sum(p.grad.nbytes for p in unit.params if p.grad is not None))
         for p in unit.params:
             p.grad = None
         self._pending[index] = 0
 
-    def _finish_gradients(self) -> None:
-        """Reduce any unit some of whose parameters got no gradient (the hooks never completed it)."""
+    def _finish_backward(self) -> None:
+        """Reduce any unit some of whose parameters got no gradient (the hooks never completed
+        it), and wait for every unit again in the next micro-batch."""
         for index, pending in enumerate(self._pending):
             if pending:
                 self._reduce_unit(index)
+        self._pending = [len(u.params) for u in self.units]
+
+    def _finish_gradients(self) -> None:
+        """Nothing left: each micro-batch has already added its mean gradient into the chunks."""
 
 
 # ----------------------------------------------------------------------------- stage 3
@@ -296,9 +322,9 @@ class Zero3Trainer(Zero2Trainer):
     def _forward(self, x, y):
         return self.fsdp(x, y)
 
-    def _finish_gradients(self) -> None:
-        super()._finish_gradients()
-        self.fsdp.finish_backward()  # the root unit is kept gathered until backward is over
+    def _finish_backward(self) -> None:
+        super()._finish_backward()
+        self.fsdp.finish_backward()  # the root unit is kept gathered until each backward is over
 
     def all_gather_parameters(self) -> None:
         """Nothing to gather: stage 3 keeps only the chunks; units are gathered when used."""
@@ -314,9 +340,22 @@ class Zero3Trainer(Zero2Trainer):
 STAGES = {1: Zero1Trainer, 2: Zero2Trainer, 3: Zero3Trainer}
 
 
+def check_batch(batch_size: int, dp: int, accumulation: int = 1) -> None:
+    """Chapter 8: every rank runs `accumulation` equal micro-batches of its equal slice, or none
+    starts (pure arithmetic: every rank reaches the same verdict before any message)."""
+    if not isinstance(accumulation, int) or isinstance(accumulation, bool) or accumulation < 1:
+        raise ValueError(f"accumulation must be an integer >= 1 (micro-batches per step), got {accumulation!r}")
+    if batch_size % (dp * accumulation):
+        raise ValueError(f"global batch {batch_size} is not divisible by dp={dp}" if accumulation == 1 else
+                         f"global batch {batch_size} is not divisible by dp={dp} x accumulation steps="
+                         f"{accumulation} = {dp * accumulation}")
+
+
 def ZeroTrainer(config: GPTConfig, settings: OptimSettings, task, batch_size: int, seed: int = 0,
-                group: World | None = None, stage: int = 1, precision: str = "fp32") -> Zero1Trainer:
+                group: World | None = None, stage: int = 1, precision: str = "fp32",
+                accumulation: int = 1) -> Zero1Trainer:
     """The trainer of ZeRO stage `stage` (1, 2 or 3): `ZeroTrainer(..., stage=2)` is a Zero2Trainer."""
     if stage not in STAGES:
         raise ValueError(f"ZeRO stage must be 1, 2 or 3, got {stage!r} (stage 0 is plain data parallelism)")
-    return STAGES[stage](config, settings, task, batch_size, seed=seed, group=group, precision=precision)
+    return STAGES[stage](config, settings, task, batch_size, seed=seed, group=group, precision=precision,
+                         accumulation=accumulation)

@@ -13,8 +13,9 @@ either strategy changes; only four things about "the whole model" change meaning
                    tp rank 0 only (`norm_groups`)
     the accuracy   the arg-max over the vocabulary split across tp
 
-Without a pipeline, so no micro-batches: stages 2 and 3 cut the gradients, and each rank's
-gradient is complete after its one backward.
+Without a pipeline; gradient accumulation (`accumulation=k`) is the stages' own (zero.py):
+stage 1 adds the k micro-batches' gradients up in full, stages 2 and 3 reduce-scatter each
+micro-batch's over dp and add it into the chunk.
 """
 from __future__ import annotations
 
@@ -35,12 +36,13 @@ class TensorParallelShards:
 
     def __init__(self, config: GPTConfig, settings: OptimSettings, task, batch_size: int, seed: int = 0,
                  group: World | None = None, dp: int = 1, tp: int = 1, sequence_parallel: bool = False,
-                 precision: str = "fp32"):
+                 precision: str = "fp32", accumulation: int = 1):
         world = resolve(group)
-        check_mesh(world.size, dp, tp, 1, config, batch_size)
+        check_mesh(world.size, dp, tp, 1, config, batch_size, accumulation)
         check_tensor_parallel(config, tp, sequence_parallel)
         self.mesh, self.sequence_parallel = DeviceMesh(world, dp=dp, tp=tp), sequence_parallel
-        super().__init__(config, settings, task, batch_size, seed, group=self.mesh.dp_group, precision=precision)
+        super().__init__(config, settings, task, batch_size, seed, group=self.mesh.dp_group, precision=precision,
+                         accumulation=accumulation)
         self.name = f"dp{dp}-tp{tp}" + ("-sp" if sequence_parallel else "") + f"-zero{self.stage}"
         self.model = None  # the module is a shard: nothing to sample from on one rank
         self.norm_weights = [u.flatten([np.full(shape, float(self.counted_in_norm(p)))
