@@ -10,11 +10,13 @@
     mpirun -n 8 python -m minidist.demo --dp 2 --tp 2 --pp 2 --zero 1   # (their product = ranks)
     mpirun -n 4 python -m minidist.demo --cp 4        # context parallel: each sequence over 4 ranks
     mpirun -n 4 python -m minidist.demo --cp 2 --dp 2 # [--cp-algorithm ulysses] [--cp-split contiguous]
+    mpirun -n 4 python -m minidist.demo --layout dp2-tp2-zero1-m2   # any layout by its name (layout.py)
 
 The flags and the `--json` keys are a contract (notebooks and checks read them): later
 chapters add flags and keys, none is renamed or dropped.
 
-JSON keys: world_size, layout {dp, tp, pp, zero}, dtype, config, losses (global mean loss of
+JSON keys: world_size, layout {dp, tp, pp, zero}, layout_name (`str(Layout)`, e.g. "dp2-tp2-m4";
+"tour" for the tour), dtype, config, losses (global mean loss of
 every step), accuracies, tokens_per_s (median over steps after the first), step_seconds,
 parameters, memory (one entry per rank: bytes of params, grads, optimizer, activations, peak),
 comm (one entry per rank: bytes_sent, bytes_received, messages, ...); for pipelines
@@ -55,6 +57,7 @@ from minidist.data import make_task
 from minidist.comm import all_reduce_algorithm, faults, traffic
 from minidist.comm.collectives import ALL_REDUCE
 from minidist.kernels import kernels
+from minidist.layout import LAYOUT_FLAGS, Layout, strategy
 from minidist.model import GPTConfig
 from minidist.moe import MoEConfig
 from minidist.recompute import check_recompute
@@ -89,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--untied", action="store_true", help="separate LM head instead of tying it to the embedding")
     p.add_argument("--data", type=data_source, default="sort", help="'sort' (built-in task) or a path to any text file")
     p.add_argument("--log-every", type=cli.integer(-1), default=0, help="steps between log lines (0: about 10 lines; -1: none)")
+    p.add_argument("--layout", metavar="NAME",
+                   help="the whole layout by its name, e.g. dp2-tp2-zero1-m4 (minidist/layout.py), instead of "
+                        "--dp/--tp/--pp/--zero/--microbatches/... flags")
     p.add_argument("--dp", type=positive, help="data-parallel degree (chapter 3); dp x tp x pp = the number of ranks")
     p.add_argument("--tp", type=positive, help="tensor-parallel degree (chapter 6); combines with --dp and --pp (chapter 9)")
     p.add_argument("--sequence-parallel", action="store_true",
@@ -149,7 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_args(args, world_size: int):
     """Everything that can be wrong with the flags, found identically on every rank before any
-    message is sent. Returns (config, task, kind, layout); kind None means the tour."""
+    message is sent. Returns (config, task, layout); layout None means the tour. Which layouts
+    are valid is `Layout.validate`'s one rule (the planner and the framework readers use it too)."""
     if args.n_embd % args.n_head:  # every flag's own range is its parser type's (build_parser)
         raise ValueError(f"--n-embd {args.n_embd} is not divisible by --n-head {args.n_head}")
     shape = dict(vocab_size=256, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
@@ -174,19 +181,42 @@ def check_args(args, world_size: int):
         check_recompute(args.recompute, args.segments, args.n_layer)
     except ValueError as error:
         raise ValueError(f"--recompute {args.recompute} --segments {args.segments}: {error}") from None
-    kind, layout = strategies.choose(args, config, world_size)
-    strategies.check_recompute_layout(kind, args)
-    strategies.check_fp32_grads(kind, args)
-    if args.save and kind is None:
+    layout = None if is_tour(args, world_size) else Layout.from_args(args).validate(config, world_size,
+                                                                                       args.batch_size)
+    if layout is None:  # the tour runs every strategy with its own settings: one layout's flags are refused
+        asked = Layout.from_args(args)
+        why = asked.why_invalid(config, 1, args.batch_size) or next(
+            (f"{flag} applies to one layout, not to the tour (give e.g. --dp {world_size})" for flag, on in
+             (("--accumulation", asked.microbatches > 1), ("--fp32-grads", asked.fp32_grads)) if on), None)
+        if why is not None:
+            raise ValueError(why)
+    if args.save and layout is None:
         raise ValueError("--save needs one layout (e.g. --dp N): the tour trains many models and keeps none")
-    if args.checkpoint is not None and kind is None:
+    if args.checkpoint is not None and layout is None:
         raise ValueError("--checkpoint needs one layout (e.g. --dp N): the tour trains many models and keeps none")
     for flag, path in (("--json", args.json), ("--save", args.save)):
         if path is not None:
             cli.check_writable(flag, path)
     if args.json is not None and args.save is not None and os.path.abspath(args.json) == os.path.abspath(args.save):
         raise ValueError(f"--json and --save name the same file {args.save}: the weights would overwrite the JSON")
-    return config, task, kind, layout
+    return config, task, layout
+
+
+def is_tour(args, world_size: int) -> bool:
+    """Several ranks and no layout asked for: the tour of every strategy."""
+    return world_size > 1 and args.layout is None and all(getattr(args, axis) is None for axis in
+                                                          ("dp", "tp", "pp", "cp", "ep")) and args.experts is None
+
+
+def apply_layout_name(args, given: set[str]) -> None:
+    """--layout NAME: the name's settings become the flags; a layout flag given as well is refused
+    (which of the two would the user mean?)."""
+    layout = Layout.parse(args.layout)
+    clash = sorted(given & set(LAYOUT_FLAGS))
+    if clash:
+        raise ValueError(f"--layout {args.layout} gives the whole layout: drop --{clash[0].replace('_', '-')}")
+    for dest, value in layout.demo_settings().items():
+        setattr(args, dest, value)
 
 
 def train(args, trainer, task, show: bool, first_step: int = 0, before_step=None) -> dict:
@@ -226,14 +256,14 @@ def sample(trainer, task, step: int) -> str:
 IDLE = {"params": 0, "grads": 0, "optimizer": 0, "activations": 0, "peak": 0}
 
 
-def run(kind: str, args, config, task, world, show: bool, ranks=None, with_sample=False) -> dict:
-    """Train one strategy on `ranks` (default: all); collective over the whole world."""
+def run(layout: Layout, args, config, task, world, show: bool, ranks=None, with_sample=False) -> dict:
+    """Train one layout on `ranks` (default: all); collective over the whole world."""
     ranks = range(world.size) if ranks is None else ranks
     traffic.reset()
     trainer, result, per_step = None, {}, {}
     if world.rank in ranks:
-        trainer = strategies.make_trainer(kind, args, config, task, world)
-        first_step, before_step = resume(kind, args, config, trainer, world) if args.checkpoint else (0, None)
+        trainer = strategies.make_trainer(layout, args, config, task, world)
+        first_step, before_step = resume(layout, args, config, trainer, world) if args.checkpoint else (0, None)
         built = traffic.by_label(traffic.snapshot())  # the set-up's messages (broadcasts) are not a step's
         result = train(args, trainer, task, show and world.rank == 0, first_step, before_step)
         result["first_step"] = first_step
@@ -258,10 +288,10 @@ def run(kind: str, args, config, task, world, show: bool, ranks=None, with_sampl
     return result
 
 
-def resume(kind: str, args, config, trainer, world) -> tuple[int, object]:
+def resume(layout: Layout, args, config, trainer, world) -> tuple[int, object]:
     """--checkpoint: load the newest complete checkpoint (saying so in one line), and the
     callback that saves one every --checkpoint-every steps (and injects MINIDIST_KILL faults)."""
-    facts = run_facts(kind, args, config, world.size)
+    facts = run_facts(layout, args, config, world.size)
     try:
         os.makedirs(args.checkpoint, exist_ok=True)  # an unusable place fails now (every rank), not at step K
         first_step = checkpointing.resume(args.checkpoint, trainer, facts, world) or 0
@@ -279,12 +309,13 @@ def resume(kind: str, args, config, trainer, world) -> tuple[int, object]:
     return first_step, before_step
 
 
-def run_facts(kind: str, args, config, world_size: int) -> dict:
+def run_facts(layout: Layout, args, config, world_size: int) -> dict:
     """What a checkpoint must agree on to be resumed bit for bit: strategy, ranks, model, dtype,
     and every flag that shapes the steps (the schedule's length too: the learning rate follows it)."""
     flags = ("steps", "batch_size", "lr", "seed", "data", "accumulation", "microbatches", "schedule",
              "virtual_stages", "balance", "precision", "cp_algorithm", "cp_split", "recompute", "segments")
-    return {"strategy": kind, "world_size": world_size, "dtype": args.dtype, "config": config.to_dict(),
+    return {"strategy": strategy(layout, isinstance(config, MoEConfig)), "layout": str(layout),
+            "world_size": world_size, "dtype": args.dtype, "config": config.to_dict(),
             **{name: getattr(args, name, None) for name in flags}}
 
 
@@ -296,8 +327,9 @@ def tour(args, config, task, world) -> list[dict]:
     for reason in skipped:
         world.print0(f"  (skipped {reason})")
     rows, reference = [], None
-    for kind, layout, ranks in plan:
-        result = run(kind, args, config, task, world, show=True, ranks=ranks, with_sample=kind == "serial")
+    for layout, ranks in plan:
+        kind = strategy(layout, isinstance(config, MoEConfig))
+        result = run(layout, args, config, task, world, show=True, ranks=ranks, with_sample=kind == "serial")
         if world.rank == 0:
             step_seconds = float(np.median(result["step_seconds"][1:] or result["step_seconds"]))
             print(f"{kind:14s} loss {result['losses'][-1]:.4f}  acc {result['accuracies'][-1]:.3f}  "
@@ -305,7 +337,8 @@ def tour(args, config, task, world) -> list[dict]:
                   + (f"  | sample {result['sample']}" if result.get("sample") else ""), flush=True)
             reference = reference or result["state"]
             diff = max(float(np.max(np.abs(result["state"][k] - reference[k]))) for k in reference)
-            rows.append({"strategy": kind, "layout": layout, "final_loss": result["losses"][-1],
+            rows.append({"strategy": kind, "layout": layout.degrees(), "layout_name": str(layout),
+                         "final_loss": result["losses"][-1],
                          "max_abs_diff_from_serial": diff,
                          "step_seconds": step_seconds,
                          "tokens_per_s": result["tokens_per_s"],
@@ -318,11 +351,10 @@ def tour(args, config, task, world) -> list[dict]:
 
 
 def print_table(rows) -> None:
-    print(f"\n{'strategy':14s} {'layout':16s} {'final loss':>10s} {'max |w - serial|':>17s} "
+    print(f"\n{'strategy':14s} {'layout':20s} {'final loss':>10s} {'max |w - serial|':>17s} "
           f"{'step ms':>8s} {'sent/rank/step':>15s} {'peak mem/rank':>14s}")
     for r in rows:
-        layout = " ".join(f"{k}{v}" for k, v in r["layout"].items() if (v != 1 and k != "zero") or (k == "zero" and v))
-        print(f"{r['strategy']:14s} {layout or 'serial':16s} {r['final_loss']:10.4f} "
+        print(f"{r['strategy']:14s} {r['layout_name']:20s} {r['final_loss']:10.4f} "
               f"{r['max_abs_diff_from_serial']:17.2e} {r['step_seconds'] * 1e3:8.1f} "
               f"{r['bytes_sent_per_rank'] / 1e6:12.2f} MB {r['peak_bytes_per_rank'] / 1e6:11.1f} MB")
 
@@ -335,31 +367,37 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.deepspeed_config is not None or args.megatron_args is not None:
         translate(parser, args, argv, world)
+    if args.layout is not None:
+        try:
+            apply_layout_name(args, frameworks.given_flags(parser, argv))
+        except ValueError as error:
+            faults.fail(str(error))
     limit_threads_per_rank(world.comm)
     if world.size > 1:  # where MPI put the ranks: one machine, or several (chapter 2)
         nodes = world.nodes()
         world.print0(f"minidist: {world.size} ranks on {len(nodes)} node{'s' if len(nodes) > 1 else ''}: "
                      + "; ".join(f"node {i}: ranks {_span(ranks)}" for i, ranks in enumerate(nodes)))
-    is_tour = world.size > 1 and args.dp is None and args.tp is None and args.pp is None and args.cp is None and args.experts is None
+    tour_asked = is_tour(args, world.size)
     if args.steps is None:
-        args.steps = 10 if is_tour else 300
-    if args.log_every == 0 and is_tour:
+        args.steps = 10 if tour_asked else 300
+    if args.log_every == 0 and tour_asked:
         args.log_every = -1  # the tour: the bars, then one labelled line per strategy
     try:
-        config, task, kind, layout = check_args(args, world.size)
+        config, task, layout = check_args(args, world.size)
     except (ValueError, FileNotFoundError) as error:
         faults.fail(str(error))
     set_default_dtype(args.dtype)
     kernels(args.kernels)
 
-    report = {"world_size": world.size, "layout": layout, "dtype": args.dtype, "config": config.to_dict(),
+    report = {"world_size": world.size, "layout": layout.degrees() if layout else {"dp": 1, "tp": 1, "pp": 1, "zero": 0},
+              "layout_name": str(layout) if layout else "tour", "dtype": args.dtype, "config": config.to_dict(),
               "algorithm": args.algorithm, "kernels": args.kernels, "precision": args.precision,
               "recompute": args.recompute}
     with all_reduce_algorithm(args.algorithm):  # every strategy's all-reduces, unless it names one
-        if kind is None:
+        if layout is None:
             report["tour"] = tour(args, config, task, world)
             return finish(args, world, report, None)
-        result = run(kind, args, config, task, world, show=True)
+        result = run(layout, args, config, task, world, show=True)
     if world.rank == 0:
         print(f"done: final loss {result['losses'][-1]:.4f}, accuracy {result['accuracies'][-1]:.3f}, "
               f"{result['tokens_per_s']:.0f} tokens/s", flush=True)

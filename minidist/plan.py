@@ -15,7 +15,8 @@ arithmetic instead of being memorised —
     python -m minidist.plan --n-layer 24 --n-embd 2048 --n-head 16 --vocab-size 50257 --pad-vocab \\
         --seq-len 2048 --global-batch 512 --gpus 64 --precision mixed --json plan.json
 
-The rules a layout must follow, as in minidist and Megatron-LM/DeepSpeed (`why_invalid`):
+The rules a layout must follow are the demo's own, `Layout.validate` (minidist/layout.py), as in
+Megatron-LM/DeepSpeed, so every layout ranked here is one `python -m minidist.demo --layout NAME` runs:
 N = d·t·p; t divides the heads, 4·n_embd and the vocabulary (or the vocabulary is padded to a
 multiple of 128·t, as Megatron-LM does: --pad-vocab); p <= n_layer; d divides the global batch and
 m the replica's batch; ZeRO needs d > 1, and stages 2-3 do not combine with p > 1 (gradients
@@ -24,7 +25,7 @@ multiple of p and n_layer >= p·v. Layouts that do not fit in memory are ranked 
 do and marked so; none is dropped.
 
 GPT-3 175B on 1024 GPUs of 80 GB, 8 to a node (mixed precision, no recomputation): the best
-layout is dp32 tp8 pp4 with ZeRO-1 — tp inside a node, the pipeline across 4 nodes, the rest
+layout is dp32-tp8-pp4-zero1-m48 — tp inside a node, the pipeline across 4 nodes, the rest
 data parallel, and t·p = 32 the smallest that fits without ZeRO-2/3 (tests/test_plan.py). With
 --recompute the activations shrink so much that ZeRO-3 over 512 replicas x tp 2 comes first: its
 gathers hide behind compute if overlap is perfect, as the model assumes (--no-overlap for the
@@ -41,7 +42,8 @@ from tqdm import tqdm
 from minidist import cli
 from minidist.memory import format_bytes
 from minidist.model import GPTConfig
-from minidist.plan_model import STATE_BYTES, Cluster, Layout, Workload, predict
+from minidist.layout import Layout
+from minidist.plan_model import STATE_BYTES, Cluster, Workload, predict
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
@@ -59,43 +61,9 @@ def divisors(n: int) -> list[int]:
 
 
 def why_invalid(config, world: int, layout: Layout, global_batch: int, pad_vocab: bool = False) -> str | None:
-    """Why `layout` cannot run `config` on `world` devices (one line), or None if it can."""
-    d, t, p, m, v = layout.dp, layout.tp, layout.pp, layout.microbatches, layout.virtual_stages
-    if min(d, t, p, m, v) < 1:
-        return f"degrees must be >= 1, got dp={d} tp={t} pp={p} m={m} v={v}"
-    if d * t * p != world:
-        return f"dp={d} x tp={t} x pp={p} = {d * t * p} devices, not {world}"
-    if config.n_head % t or 4 * config.n_embd % t:
-        return f"tp={t} does not divide n_head={config.n_head} (and 4 x n_embd={4 * config.n_embd})"
-    if config.vocab_size % t and not pad_vocab:
-        return f"tp={t} does not divide vocab_size={config.vocab_size} (pad it as Megatron-LM does: --pad-vocab)"
-    if p > config.n_layer:
-        return f"pp={p} stages but only n_layer={config.n_layer} blocks"
-    if global_batch % d:
-        return f"dp={d} does not divide the global batch {global_batch}"
-    if (global_batch // d) % m:
-        return f"m={m} micro-batches do not divide the replica's batch {global_batch // d}"
-    if layout.zero not in (0, 1, 2, 3):
-        return f"ZeRO stage must be 0-3, got {layout.zero}"
-    if layout.zero and d == 1:
-        return f"ZeRO stage {layout.zero} needs dp > 1 (it partitions over the replicas)"
-    if layout.zero >= 2 and p > 1:
-        return f"ZeRO stage {layout.zero} with pp={p}: gradients must persist across micro-batches"
-    if p == 1:
-        if layout.schedule is not None or v != 1:
-            return "a schedule (and virtual stages) needs pp > 1"
-        return None
-    if layout.schedule not in SCHEDULES:
-        return f"pp={p} needs a schedule, one of {', '.join(SCHEDULES)}; got {layout.schedule!r}"
-    if layout.schedule != "interleaved":
-        return None if v == 1 else f"virtual_stages={v} needs the interleaved schedule"
-    if v < 2:
-        return "the interleaved schedule needs virtual_stages >= 2"
-    if m % p:
-        return f"interleaved: m={m} is not a multiple of pp={p}"
-    if p * v > config.n_layer:
-        return f"interleaved: pp={p} x v={v} = {p * v} chunks but only n_layer={config.n_layer} blocks"
-    return None
+    """Why `layout` cannot run `config` on `world` devices (one line), or None if it can: the demo's
+    own rule, `Layout.why_invalid`, so every layout the planner ranks is one minidist runs."""
+    return layout.why_invalid(config, world, global_batch, pad_vocab)
 
 
 def candidate_layouts(config, world: int, global_batch: int, zero_stages=(0, 1, 2, 3), schedules=SCHEDULES,
@@ -114,8 +82,9 @@ def candidate_layouts(config, world: int, global_batch: int, zero_stages=(0, 1, 
                         [(s, 1) for s in schedules if s != "interleaved"] + \
                         [("interleaved", v) for v in range(2, config.n_layer // p + 1) if "interleaved" in schedules]
                     for schedule, v in options:
-                        layout = Layout(d, t, p, zero, m, schedule, v)
-                        if why_invalid(config, world, layout, global_batch, pad_vocab) is None:
+                        layout = Layout(dp=d, tp=t, pp=p, zero=zero, microbatches=m, schedule=schedule,
+                                        virtual_stages=v)
+                        if layout.why_invalid(config, world, global_batch, pad_vocab) is None:
                             layouts.append(layout)
     return layouts
 
@@ -129,7 +98,7 @@ def plan(workload: Workload, cluster: Cluster, zero_stages=(0, 1, 2, 3), schedul
     rows = []
     for layout in tqdm(layouts, desc="layouts", unit="layout", disable=not progress or len(layouts) < 2000,
                        file=sys.stderr, dynamic_ncols=True):
-        rows.append({"name": layout.name, "layout": asdict(layout), **predict(workload, layout, cluster)})
+        rows.append({"name": str(layout), "layout": asdict(layout), **predict(workload, layout, cluster)})
     rows.sort(key=lambda r: (not r["fits"], r["step_seconds"], r["memory"]["peak"]))
     for rank, row in enumerate(rows, 1):
         row["rank"] = rank
@@ -232,9 +201,10 @@ def no_layout_reason(workload: Workload, world: int, zero_stages, schedules) -> 
     reasons = []
     for t in divisors(world):
         for p in divisors(world // t):
-            layout = Layout(world // (t * p), t, p, min(zero_stages), 1, None if p == 1 else schedules[0],
-                            2 if p > 1 and schedules[0] == "interleaved" else 1)
-            reasons.append(why_invalid(workload.config, world, layout, workload.global_batch, workload.pad_vocab))
+            layout = Layout(dp=world // (t * p), tp=t, pp=p, zero=min(zero_stages),
+                            schedule=None if p == 1 else schedules[0],
+                            virtual_stages=2 if p > 1 and schedules[0] == "interleaved" else 1)
+            reasons.append(layout.why_invalid(workload.config, world, workload.global_batch, workload.pad_vocab))
     return "; ".join(dict.fromkeys(r for r in reasons if r)) or "none of the micro-batch counts fits"
 
 

@@ -27,6 +27,7 @@ import functools
 from dataclasses import dataclass, replace
 
 from minidist.comm import cost
+from minidist.layout import Layout
 from minidist.memory import PRECISIONS, layer_activation_elements, megatron_activation_bytes
 from minidist.parallel.mesh import coordinates
 from minidist.parallel.pipeline_stage import chunk_layers as _chunk_layers
@@ -67,23 +68,6 @@ class Workload:
     sequence_parallel: bool = False
     overlap: bool = True           # data-parallel communication hides behind backward where it can
     pad_vocab: bool = False        # Megatron-LM pads V to a multiple of 128·t
-
-
-@dataclass(frozen=True)
-class Layout:
-    dp: int
-    tp: int
-    pp: int
-    zero: int = 0
-    microbatches: int = 1          # pipeline micro-batches; with pp = 1, gradient-accumulation steps
-    schedule: str | None = None    # "gpipe", "1f1b", "interleaved"; None when pp = 1
-    virtual_stages: int = 1
-
-    @property
-    def name(self) -> str:
-        sched = "" if self.schedule is None else " " + self.schedule + \
-            (f" v{self.virtual_stages}" if self.schedule == "interleaved" else "")
-        return f"dp{self.dp} tp{self.tp} pp{self.pp} zero{self.zero} m{self.microbatches}{sched}"
 
 
 @functools.lru_cache(maxsize=4096)

@@ -71,13 +71,13 @@ def test_bad_flags_fail_with_one_line(flags, message):
 
 
 @pytest.mark.parametrize("nprocs, flags, message", [
-    (4, ["--dp", "3"], "layout dp=3 needs 3 ranks, but this job has 4"),
+    (4, ["--dp", "3"], "layout dp3: dp=3 needs 3 ranks, but this job has 4"),
     (2, ["--tp", "2", "--n-head", "1", "--n-embd", "32"], "n_head=1"),
     (2, ["--pp", "2", "--n-layer", "1"], "needs at least 2 layers"),
-    (2, ["--pp", "2", "--batch-size", "6", "--microbatches", "4"], "does not split into 4 micro-batches"),
+    (2, ["--pp", "2", "--batch-size", "6", "--microbatches", "4"], "not divisible by dp=1 x 4 micro-batches"),
     (2, ["--zero", "2"], "--zero needs --dp N"),
-    (2, ["--dp", "2", "--tp", "2"], "layout dp=2 x tp=2 needs 4 ranks, but this job has 2 (run: mpirun -n 4"),
-    (4, ["--dp", "2", "--pp", "2", "--zero", "2"], "stages 2 and 3 shard the gradients"),
+    (2, ["--dp", "2", "--tp", "2"], "dp=2 x tp=2 needs 4 ranks, but this job has 2 (run: mpirun -n 4"),
+    (4, ["--dp", "2", "--pp", "2", "--zero", "2"], "stages 2-3 shard the gradients"),
     (4, ["--dp", "2", "--pp", "2", "--accumulation", "2"], "a pipeline's micro-batches are its accumulation"),
     (4, ["--tp", "2", "--pp", "2", "--zero", "1"], "--zero needs --dp N"),
 ])

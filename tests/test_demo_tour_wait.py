@@ -11,13 +11,14 @@ SMALL = ["--n-layer", "2", "--n-embd", "32", "--n-head", "2", "--block-size", "1
 def serial_part_of_the_tour(steps):
     import minidist.comm as dist
     from minidist import demo
+    from minidist.layout import Layout
 
     args = demo.build_parser().parse_args([*SMALL, "--steps", str(steps)])
-    config, task, _, _ = demo.check_args(args, 2)
+    config, task, _ = demo.check_args(args, 2)
     world = dist.get_world()
     dist.set_wait_policy(timeout=0.05)  # far shorter than the serial run below
     start = time.perf_counter()
-    result = demo.run("serial", args, config, task, world, show=False, ranks=[0])
+    result = demo.run(Layout(), args, config, task, world, show=False, ranks=[0])
     return time.perf_counter() - start, len(result.get("losses", []))
 
 

@@ -13,7 +13,7 @@ from conftest import layout, relative_difference, serial_run
 from minidist.comm.launch import RankError, run
 from minidist.data import make_task
 from minidist.model import GPTConfig
-from minidist.parallel.pipeline import check_layout, chunk_layers, partition
+from minidist.parallel.pipeline import check_pipeline_layout, chunk_layers, partition
 from minidist.parallel.schedules import make_schedule, peak_in_flight
 from minidist.tensor import default_dtype
 from minidist.train import OptimSettings
@@ -201,17 +201,17 @@ def test_bad_layouts_fail_on_every_rank_before_any_message(parallel):
 
 def test_check_layout_without_mpi():
     config = GPTConfig(**CONFIG)
-    check_layout(config, 8, 4, 8, "1f1b")
+    check_pipeline_layout(config, 8, 4, 8, "1f1b")
     with pytest.raises(ValueError, match="unknown pipeline schedule 'zb'"):
-        check_layout(config, 8, 2, 2, "zb")
-    check_layout(config, 8, 2, 2, "interleaved", 2)
+        check_pipeline_layout(config, 8, 2, 2, "zb")
+    check_pipeline_layout(config, 8, 2, 2, "interleaved", 2)
     with pytest.raises(ValueError, match="m=2 is not a multiple of pp=4"):
-        check_layout(GPTConfig(**dict(CONFIG, n_layer=8)), 8, 4, 2, "interleaved", 2)
+        check_pipeline_layout(GPTConfig(**dict(CONFIG, n_layer=8)), 8, 4, 2, "interleaved", 2)
     with pytest.raises(ValueError, match="virtual_stages=2 needs schedule 'interleaved'"):
-        check_layout(config, 8, 2, 2, "1f1b", 2)
+        check_pipeline_layout(config, 8, 2, 2, "1f1b", 2)
     assert chunk_layers(4, 2, 0, 2) == [(0, 1), (2, 3)] and chunk_layers(8, 2, 1, 2) == [(2, 4), (6, 8)]
     with pytest.raises(ValueError, match="microbatches must be >= 1"):
-        check_layout(config, 8, 2, 0, "gpipe")
+        check_pipeline_layout(config, 8, 2, 0, "gpipe")
     assert partition(5, 2) == [(0, 3), (3, 5)] and partition(4, 4) == [(0, 1), (1, 2), (2, 3), (3, 4)]
 
 

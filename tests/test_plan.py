@@ -258,20 +258,20 @@ def test_every_invalid_layout_is_excluded_and_every_valid_one_kept():
         assert set(candidate_layouts(config, world, batch, pad_vocab=pad)) == valid
         assert any(lay.tp == 4 for lay in valid) == pad  # vocab 50: tp 4 only with padding
     config = GPTConfig(vocab_size=64, block_size=8, n_layer=4, n_head=4, n_embd=16)
-    reasons = {
-        Layout(2, 2, 2, 0): "pp=2 needs a schedule",
-        Layout(4, 1, 2, 2, 1, "1f1b"): "ZeRO stage 2 with pp=2",
-        Layout(1, 1, 8, 0, 1, "1f1b"): "pp=8 stages but only n_layer=4",
-        Layout(1, 8, 1): "tp=8 does not divide n_head=4",
-        Layout(1, 1, 2, 0, 3, "interleaved", 2): "m=3 micro-batches do not divide",
-        Layout(1, 1, 2, 0, 2, "interleaved", 3): "pp=2 x v=3 = 6 chunks",
-        Layout(1, 1, 4, 0, 2, "interleaved", 1): "needs virtual_stages >= 2",
-        Layout(2, 1, 4, 0, 2, "1f1b"): "dp=2 x tp=1 x pp=4 = 8 devices, not 4",
-        Layout(1, 2, 4, 1, 1, "1f1b"): "ZeRO stage 1 needs dp > 1",
-        Layout(8, 1, 1, 0, 2): "m=2 micro-batches do not divide the replica's batch 1",
+    reasons = {  # the demo's own words (Layout.why_invalid): the planner and the demo share one rule
+        Layout(1, 1, 1, 0, 1, "interleaved", 2): "a schedule (and virtual stages) needs --pp N",
+        Layout(4, 1, 2, 2, 1, "1f1b"): "--zero 2 with --pp 2",
+        Layout(1, 1, 8, 0, 1, "1f1b"): "pp=8 stages needs at least 8 layers, but the model has n_layer=4",
+        Layout(1, 8, 1): "n_head=4 not divisible by tp=8",
+        Layout(1, 1, 2, 0, 3, "interleaved", 2): "not divisible by dp=1 x 3 micro-batches",
+        Layout(1, 1, 2, 0, 2, "interleaved", 3): "pp=2 stages x virtual_stages=3 = 6 chunks",
+        Layout(1, 1, 4, 0, 2, "interleaved", 1): "needs --virtual-stages >= 2",
+        Layout(2, 1, 4, 0, 2, "1f1b"): "dp=2 x pp=4 needs 8 ranks, but this job has 4",
+        Layout(1, 2, 4, 1, 1, "1f1b"): "--zero needs --dp N",
+        Layout(8, 1, 1, 0, 2): "not divisible by dp=8 x 2 accumulation steps",
     }
     for lay, reason in reasons.items():
-        devices = 4 if "not 4" in reason else lay.dp * lay.tp * lay.pp
+        devices = 4 if "has 4" in reason else lay.dp * lay.tp * lay.pp
         assert reason in why_invalid(config, devices, lay, batch)
 
 

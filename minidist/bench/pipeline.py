@@ -84,7 +84,7 @@ def print_table(records) -> None:
 
 def main(argv=None):
     from minidist.comm import faults, get_world
-    from minidist.parallel.pipeline import check_layout
+    from minidist.parallel.pipeline import check_pipeline_layout
     from minidist.runtime import limit_threads_per_rank
 
     faults.install()
@@ -105,7 +105,7 @@ def main(argv=None):
             if schedule == "interleaved" and m % world.size:
                 continue  # measure() skips it
             try:
-                check_layout(config, args.batch_size, world.size, m, schedule,
+                check_pipeline_layout(config, args.batch_size, world.size, m, schedule,
                              args.virtual_stages if schedule == "interleaved" else 1)
             except ValueError as error:
                 parser.error(f"--schedules {schedule} --microbatches {m} --batch-size {args.batch_size} "

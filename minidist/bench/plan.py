@@ -10,7 +10,7 @@ it runs
     mpiexec -n 4 python -m minidist.demo --dp A --tp B --pp C [--zero S] [--microbatches M ...]
             --steps N --json PATH
 
-(flags of degree 1 are left out; with pp = 1, m > 1 is --accumulation M) and prints, per
+(`Layout.demo_flags`: flags of degree 1 are left out; with pp = 1, m > 1 is --accumulation M) and prints, per
 layout, the predicted and the measured step time, and per rank the predicted memory ledger
 beside the measured one: params, grads and optimizer must be equal to the byte, activations
 are shown as the ratio measured / predicted; for composed layouts also the bytes each group
@@ -49,7 +49,8 @@ from minidist.comm.launch import find_mpiexec, run
 from minidist.data import make_task
 from minidist.model import GPTConfig
 from minidist.plan import candidate_layouts, plan
-from minidist.plan_model import Cluster, Layout, Workload, flops_per_step, rank_ledger
+from minidist.layout import Layout
+from minidist.plan_model import Cluster, Workload, flops_per_step, rank_ledger
 from minidist.parallel.mesh import coordinates
 
 PILES = ("params", "grads", "optimizer")
@@ -75,20 +76,8 @@ def spearman(x, y) -> float:
 
 
 def demo_flags(layout: dict) -> list[str]:
-    """The demo's flags for one planner layout (degrees of 1 left out)."""
-    flags = []
-    for axis in ("dp", "tp", "pp"):
-        if layout[axis] > 1:
-            flags += [f"--{axis}", str(layout[axis])]
-    if layout["zero"]:
-        flags += ["--zero", str(layout["zero"])]
-    if layout["pp"] > 1:
-        flags += ["--microbatches", str(layout["microbatches"]), "--schedule", layout["schedule"]]
-        if layout["schedule"] == "interleaved":
-            flags += ["--virtual-stages", str(layout["virtual_stages"])]
-    elif layout["microbatches"] > 1:
-        flags += ["--accumulation", str(layout["microbatches"])]
-    return flags
+    """The demo's flags for one planner layout (`Layout.demo_flags`: degrees of 1 left out)."""
+    return Layout(**layout).demo_flags()
 
 
 def run_demo(ranks: int, flags: list[str], timeout: float) -> tuple[dict | None, str]:
@@ -242,7 +231,7 @@ def main(argv=None) -> int:
     facts = f"--batch-size {args.batch_size}, --n-head {args.n_head}, --n-layer {args.n_layer}"
     if not valid:
         parser.error(f"--ranks {args.ranks}: no valid layout of the demo GPT on {args.ranks} ranks ({facts})")
-    if not any(args.match in lay.name for lay in valid):
+    if not any(args.match in str(lay) for lay in valid):
         parser.error(f"--match {args.match!r}: none of the {len(valid)} valid layouts of {args.ranks} ranks matches")
     try:
         cluster, facts = calibrate(config, args)

@@ -6,7 +6,8 @@ import math
 import shlex
 from dataclasses import dataclass, field
 
-from minidist.parallel.schedules import check_interleaved
+from minidist.layout import Layout
+from minidist.model import GPTConfig
 
 BETAS, EPS = (0.9, 0.95), 1e-8  # minidist's AdamW (train.make_optimizer)
 DEMO_VOCAB = 256                 # the demo's byte-level data
@@ -73,6 +74,24 @@ class Translation:
         if self.tie_weights is not None:
             s["untied"] = not self.tie_weights
         return s
+
+    def layout(self) -> Layout:
+        """The config's layout as minidist's one typed value (`minidist/layout.py`)."""
+        pipeline = self.pp > 1
+        return Layout(dp=self.dp, tp=self.tp, pp=self.pp, zero=self.zero,
+                      microbatches=self.microbatches if pipeline else self.accumulation,
+                      schedule=self.schedule if pipeline else None,
+                      virtual_stages=self.virtual_stages if pipeline else 1,
+                      sequence_parallel=bool(self.sequence_parallel), precision=self.precision,
+                      recompute=self.recompute or "none", bucket_kb=self.bucket_kb or 1024)
+
+    def model_config(self) -> GPTConfig:
+        """The model the config trains, on the demo's byte-level vocabulary (fields it leaves out:
+        the demo's defaults)."""
+        given = {k: getattr(self, k) for k in ("n_layer", "n_embd", "n_head", "block_size", "tie_weights")
+                 if getattr(self, k) is not None}
+        return GPTConfig(**{"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 64, **given,
+                            "vocab_size": DEMO_VOCAB})
 
     def demo_flags(self) -> list[str]:
         """The equivalent `python -m minidist.demo` flags (a flag at the demo's default is left out)."""
@@ -172,21 +191,18 @@ def batch_rule(dp: int, batch=None, micro=None, steps=None,
 
 
 def finish_translation(t: Translation, who: str) -> Translation:
-    """The layout rules minidist keeps, whichever framework the config came from."""
-    if t.pp > 1 and t.zero >= 2:
-        raise ValueError(f"{who}: ZeRO stage {t.zero} with pp={t.pp} is refused (as DeepSpeed refuses it): a "
-                         f"pipeline keeps gradients across its {t.microbatches} micro-batches, so sharding them "
-                         "would repeat the data-parallel traffic per micro-batch; use stage 0 or 1")
+    """The config's layout judged by minidist's one rule (`Layout.validate`, the demo's and the
+    planner's too), whichever framework it came from."""
     if t.zero and t.dp == 1:
         t.notes.append(f"ZeRO-{t.zero} over dp=1 has nothing to partition: minidist runs it as plain training")
         t.zero = 0
-    if t.schedule == "interleaved":
-        if t.pp == 1:
-            raise ValueError(f"{who}: {t.virtual_stages} virtual pipeline stages need pp > 1, got pp={t.pp}")
-        try:
-            check_interleaved(t.pp, t.microbatches, t.virtual_stages)
-        except ValueError as error:
-            raise ValueError(f"{who}: {error}") from None
+    if t.schedule == "interleaved" and t.pp == 1:
+        raise ValueError(f"{who}: {t.virtual_stages} virtual pipeline stages need pp > 1, got pp={t.pp}")
+    layout = t.layout()
+    why = layout.why_invalid(t.model_config(), t.world_size, t.batch_size or t.dp * layout.microbatches)
+    if why is not None:
+        raise ValueError(f"{who}: layout {layout}: {why}")
+    t.notes.append(f"layout {layout} (python -m minidist.demo --layout {layout})")
     t.notes.append(f"mesh pp {t.pp} x dp {t.dp} x tp {t.tp} on {t.world_size} ranks, rank = (pp x {t.dp} + dp) x "
                    f"{t.tp} + tp: Megatron's default order tp-cp-ep-dp-pp, the same grid")
     return t

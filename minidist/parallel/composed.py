@@ -52,7 +52,7 @@ from minidist.mixed_precision import finish_step, to_low_precision
 from minidist.model import GPTConfig
 from minidist.parallel.data_parallel import DistributedDataParallel
 from minidist.parallel.mesh import DeviceMesh, check_mesh, layout
-from minidist.parallel.pipeline import PipelineStage, PipelineTrainer, check_layout, merge_stage_states
+from minidist.parallel.pipeline import PipelineStage, PipelineTrainer, check_pipeline_layout, merge_stage_states
 from minidist.parallel.tensor_parallel import check_tensor_parallel, consolidate_state_dict, vocab_parallel_accuracy
 from minidist.parallel.tensor_stage import SequenceParallelStage, TensorParallelStage
 from minidist.parallel import zero_checkpoint
@@ -71,7 +71,7 @@ def check_composed(config: GPTConfig, world_size: int, batch_size: int, dp: int 
     check_tensor_parallel(config, tp, sequence_parallel)
     if sequence_parallel and tp == 1:
         raise ValueError("sequence parallelism needs tp > 1 (it splits what tensor parallelism replicates)")
-    check_layout(config, batch_size // dp, pp, microbatches, schedule, virtual_stages)
+    check_pipeline_layout(config, batch_size // dp, pp, microbatches, schedule, virtual_stages)
     if zero not in (0, 1):
         raise ValueError(f"ZeRO stage {zero} inside a mesh with micro-batches or pipeline stages: stages 2 and 3 shard "
                          "the gradients, which must persist across a step's micro-batches (sharding them would repeat "

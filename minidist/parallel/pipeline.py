@@ -47,7 +47,7 @@ from minidist.comm.world import World, resolve
 from minidist.model import GPTConfig
 from minidist.nn import Module
 from minidist.parallel import schedules as S
-from minidist.parallel.pipeline_stage import (Layers, PipelineStage, check_layout, chunk_layers,  # noqa: F401
+from minidist.parallel.pipeline_stage import (Layers, PipelineStage, check_pipeline_layout, chunk_layers,  # noqa: F401
                                               partition)
 from minidist.tensor import Tensor, graph_bytes
 from minidist.timeline import Timeline
@@ -72,7 +72,7 @@ class PipelineTrainer(Trainer):
                  virtual_stages: int | None = None):
         world = resolve(group)
         v = virtual_stages if virtual_stages is not None else (2 if schedule == "interleaved" else 1)
-        check_layout(config, batch_size, world.size, microbatches, schedule, v)
+        check_pipeline_layout(config, batch_size, world.size, microbatches, schedule, v)
         self.virtual_stages = v
         self.config, self.settings, self.task = config, settings, task
         self.batch_size, self.microbatches, self.schedule_name = batch_size, microbatches, schedule

@@ -3,7 +3,7 @@
 `partition` cuts the n_layer blocks into p balanced ranges; `chunk_layers` gives a rank its
 chunks (with interleaving, chunks rank, rank + p, ...); `PipelineStage` builds only those blocks,
 plus the embeddings on the first stage and the head on the last, under the serial model's names
-and from the serial model's initialisation; `check_layout` says, before any message, every way
+and from the serial model's initialisation; `check_pipeline_layout` says, before any message, every way
 a pipeline layout can be wrong. The engine that runs a schedule over the stages is
 `pipeline.py`'s `PipelineTrainer`.
 """
@@ -27,7 +27,7 @@ def partition(n_layer: int, stages: int) -> list[tuple[int, int]]:
     ### END SOLUTION
 
 
-def check_layout(config: GPTConfig, batch_size: int, stages: int, microbatches: int, schedule: str,
+def check_pipeline_layout(config: GPTConfig, batch_size: int, stages: int, microbatches: int, schedule: str,
                  virtual_stages: int = 1) -> None:
     """Every way the layout can be wrong, found identically on every rank before any message."""
     if schedule not in S.SCHEDULES:

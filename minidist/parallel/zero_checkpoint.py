@@ -107,7 +107,7 @@ def read_layout(directory) -> dict:
     return layout
 
 
-def check_layout(saved: dict, mine: dict, directory) -> None:
+def check_saved_layout(saved: dict, mine: dict, directory) -> None:
     """Refuse a checkpoint cut for another layout, naming the difference."""
     problems = []
     if saved["dp"] != mine["dp"]:
@@ -127,7 +127,7 @@ def check_layout(saved: dict, mine: dict, directory) -> None:
 def load_checkpoint(trainer, directory) -> None:
     world, opt = trainer.group, trainer.optimizer
     saved = read_layout(directory)
-    check_layout(saved, layout_of(trainer), directory)
+    check_saved_layout(saved, layout_of(trainer), directory)
     kinds = [("param", opt.params), ("exp_avg", opt.exp_avg), ("exp_avg_sq", opt.exp_avg_sq)]
     kinds += [("master", opt.masters)] if opt.masters is not None else []
     pairs = [(f"{kind}.{u}", arrays[u]) for u in range(len(trainer.units)) for kind, arrays in kinds]
