@@ -30,6 +30,7 @@ def accumulation_program(ks, tensor_parallel=(), low_precision=()):
     for each (stage, k) of `tensor_parallel`, then the 16-bit runs of `low_precision`."""
     from minidist.comm import get_world, traffic
     from minidist.parallel.zero import ZeroTrainer
+    from minidist.parallel.composed import MeshTrainerFor
     from minidist.parallel.zero_tensor import STAGES as TP_STAGES
 
     world = get_world()
@@ -55,7 +56,10 @@ def accumulation_program(ks, tensor_parallel=(), low_precision=()):
             small.step(0)
             out[stage, "one micro-batch"] = small.memory()
         for stage, k in tensor_parallel:
-            t = TP_STAGES[stage](*common(), group=world, dp=2, tp=2, accumulation=k)
+            if stage == 1:  # ZeRO-1 over a mesh: the mesh's own, accumulating as a one-stage pipeline
+                t = MeshTrainerFor(1)(*common(), group=world, dp=2, tp=2, microbatches=k)
+            else:
+                t = TP_STAGES[stage](*common(), group=world, dp=2, tp=2, accumulation=k)
             results = [t.step(s) for s in range(STEPS)]
             out["dp2-tp2", stage, k] = {"results": results, "state": t.state_dict()}  # rank 0 only
     for precision, stage, k in low_precision:
@@ -101,7 +105,8 @@ def test_accumulation_equals_serial(serial, two, four, n, k, stage):
 
 @pytest.mark.parametrize("stage", (1, 3))
 def test_accumulation_over_a_dp_tp_mesh_equals_serial(serial, four, stage):
-    """The ZeRO stages over dp2 x tp2 shards (zero_tensor.py) inherit accumulation."""
+    """ZeRO over dp2 x tp2 shards with accumulation: stage 3 from zero_tensor.py, stage 1 the
+    mesh's MeshZero1Trainer (the same partition, zero_partition.make_units, over a stage shard)."""
     results = [rank["dp2-tp2", stage, 2] for rank in four]
     check_against_serial(results, serial)
     print(f"dp2-tp2 k=2 zero{stage}: max relative difference from serial {max_difference(results[0], serial):.1e}")

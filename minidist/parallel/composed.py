@@ -56,7 +56,8 @@ from minidist.parallel.pipeline import PipelineStage, PipelineTrainer, check_pip
 from minidist.parallel.tensor_parallel import check_tensor_parallel, consolidate_state_dict, vocab_parallel_accuracy
 from minidist.parallel.tensor_stage import SequenceParallelStage, TensorParallelStage
 from minidist.parallel import zero_checkpoint
-from minidist.parallel.zero_partition import FlatUnit, ShardedAdamW, mixed_precision_step
+from minidist.parallel.zero_partition import (ShardedAdamW, flat_parameters, make_units, master_chunks,
+                                              mixed_precision_step)
 from minidist.precision import autocast
 from minidist.tensor import get_default_dtype
 from minidist.train import (OptimSettings, load_training_state, make_optimizer, make_scaler, precision_report,
@@ -242,25 +243,18 @@ class MeshZero1Trainer(MeshTrainer):
     zero = 1
 
     def build_data_parallel(self, bucket_cap_bytes: int) -> None:
+        """ZeRO-1's partition of chapter 8 (`zero_partition.py`), applied to this rank's stage shard."""
         dp = self.mesh.dp_group
-        named = list(self.stage.named_parameters())
-        blocks = sorted({int(n.split(".")[1]) for n, _ in named if n.startswith("h.")})
-        pieces = [("root", [(n, p) for n, p in named if not n.startswith("h.")])]  # none on a middle stage
-        pieces += [(f"h.{i}", [(n, p) for n, p in named if n.startswith(f"h.{i}.")]) for i in blocks]
-        self.units = [FlatUnit(name, params, dp.size, dp.rank) for name, params in pieces if params]
+        self.units = make_units(self.stage, dp.size, dp.rank)  # no root unit on a middle stage
         # replicas of one shard cut the same units: checked once, then every collective is one line
         self.dp_group = dp.verify("the mesh's ZeRO units", [(u.name, u.padded, np.dtype(u.dtype).str) for u in self.units])
-        self.param_buffers = [u.flatten([p.data for p in u.params]) for u in self.units]
-        for unit, flat in zip(self.units, self.param_buffers):
-            for p, view in zip(unit.params, unit.views(flat)):
-                p.data = view  # the stage's weights live in the flat buffers: one all-gather refreshes them
+        self.param_buffers = flat_parameters(self.units)  # one all-gather per unit refreshes the weights
         self.grad_chunks = [np.zeros(u.chunk, dtype=u.dtype) for u in self.units]
         self.norm_weights = [u.flatten([np.full(p.shape, float(self.counted_in_norm(p))) for p in u.params])[u.lo:u.hi]
                              for u in self.units]
-        masters = None if self.masters is None else [  # 16-bit weights: fp32 masters of my chunks (chapter 10)
-            u.flatten([self.masters[id(p)] for p in u.params], dtype=np.float32)[u.lo:u.hi].copy() for u in self.units]
         self.optimizer = ShardedAdamW(self.units, [flat[u.lo:u.hi] for u, flat in zip(self.units, self.param_buffers)],
-                                      self.grad_chunks, self.settings.weight_decay, masters)
+                                      self.grad_chunks, self.settings.weight_decay,
+                                      master_chunks(self.units, self.masters))  # 16-bit: fp32 masters (chapter 10)
         self.module = self.stage  # what zero_checkpoint's per-rank state reads the generators from
 
     def accumulating(self):

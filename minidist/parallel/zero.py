@@ -51,8 +51,8 @@ from minidist.mixed_precision import to_low_precision
 from minidist.model import GPT, GPTConfig
 from minidist.parallel import zero_checkpoint
 from minidist.parallel.fsdp import FullyShardedGPT
-from minidist.parallel.zero_partition import (FlatUnit, LiveBytes, ShardedAdamW, make_units,  # noqa: F401
-                                              mixed_precision_step)
+from minidist.parallel.zero_partition import (FlatUnit, LiveBytes, ShardedAdamW, flat_parameters,  # noqa: F401
+                                              make_units, master_chunks, mixed_precision_step)
 from minidist.precision import autocast
 from minidist.tensor import graph_bytes
 from minidist.train import OptimSettings, Trainer, make_scaler, precision_report
@@ -98,11 +98,9 @@ class Zero1Trainer(Trainer):
             self.stage, bool(settings.clip), accumulation,
             [(u.name, u.padded, np.dtype(u.dtype).str) for u in self.units],
             [float(np.sum(p.data, dtype=np.float64)) for p in model.parameters()]])
-        master_chunks = None if masters is None else [
-            u.flatten([masters[id(p)] for p in u.params], dtype=np.float32)[u.lo:u.hi].copy() for u in self.units]
         params = self._shard_parameters(model)
         grads = self._shard_gradients(model)
-        self.optimizer = ShardedAdamW(self.units, params, grads, settings.weight_decay, master_chunks)
+        self.optimizer = ShardedAdamW(self.units, params, grads, settings.weight_decay, master_chunks(self.units, masters))
 
     def build_model(self, config: GPTConfig, seed: int):
         """The module each rank runs: the whole GPT (a DP x TP mesh gives each its tp shard)."""
@@ -112,10 +110,7 @@ class Zero1Trainer(Trainer):
     def _shard_parameters(self, model) -> list[np.ndarray]:
         """Full weights, as views into one flat buffer per unit; the owned chunk is updated."""
         self.model = model
-        self.param_buffers = [u.flatten([p.data for p in u.params]) for u in self.units]
-        for u, flat in zip(self.units, self.param_buffers):
-            for p, view in zip(u.params, u.views(flat)):
-                p.data = view
+        self.param_buffers = flat_parameters(self.units)
         return [flat[u.lo:u.hi] for u, flat in zip(self.units, self.param_buffers)]
 
     def _shard_gradients(self, model) -> list[np.ndarray]:

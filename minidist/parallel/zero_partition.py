@@ -78,13 +78,31 @@ class FlatUnit:
 
 def make_units(model, world_size: int, rank: int) -> list[FlatUnit]:
     """The root unit (every parameter outside the blocks: embeddings, ln_f, an untied head),
-    then one unit per transformer block `h.i` — FSDP's usual wrapping of a transformer."""
+    then one unit per transformer block `h.i` — FSDP's usual wrapping of a transformer. `model`
+    may be a pipeline stage (chapter 9): its blocks keep their serial names, a middle stage has
+    no root."""
     named = list(model.named_parameters())
     root = [(n, p) for n, p in named if not n.startswith("h.")]
-    units = [FlatUnit("root", root, world_size, rank)]
-    for i in range(len(model.h)):
-        units.append(FlatUnit(f"h.{i}", [(n, p) for n, p in named if n.startswith(f"h.{i}.")], world_size, rank))
-    return units
+    blocks = sorted({int(n.split(".")[1]) for n, _ in named if n.startswith("h.")})
+    pieces = [("root", root)] + [(f"h.{i}", [(n, p) for n, p in named if n.startswith(f"h.{i}.")]) for i in blocks]
+    return [FlatUnit(name, params, world_size, rank) for name, params in pieces if params]
+
+
+def flat_parameters(units: list[FlatUnit]) -> list[np.ndarray]:
+    """One flat buffer per unit holding its weights, the parameters made views into it: an
+    all-gather into the buffer then refreshes every weight at once (stage 1's, the mesh's)."""
+    buffers = [u.flatten([p.data for p in u.params]) for u in units]
+    for unit, flat in zip(units, buffers):
+        for p, view in zip(unit.params, unit.views(flat)):
+            p.data = view
+    return buffers
+
+
+def master_chunks(units: list[FlatUnit], masters: dict | None) -> list[np.ndarray] | None:
+    """This rank's chunk of the fp32 master weights of 16-bit parameters (chapter 10), or None."""
+    if masters is None:
+        return None
+    return [u.flatten([masters[id(p)] for p in u.params], dtype=np.float32)[u.lo:u.hi].copy() for u in units]
 
 
 class LiveBytes:

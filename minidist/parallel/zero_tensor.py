@@ -13,9 +13,10 @@ either strategy changes; only four things about "the whole model" change meaning
                    tp rank 0 only (`norm_groups`)
     the accuracy   the arg-max over the vocabulary split across tp
 
-Without a pipeline; gradient accumulation (`accumulation=k`) is the stages' own (zero.py):
-stage 1 adds the k micro-batches' gradients up in full, stages 2 and 3 reduce-scatter each
-micro-batch's over dp and add it into the chunk.
+Stages 2 and 3, without a pipeline (ZeRO-1 over any mesh, pipeline or not, is `composed.py`'s
+`MeshZero1Trainer`, on the same partition). Gradient accumulation (`accumulation=k`) is the
+stages' own (zero.py): each micro-batch's gradients are reduce-scattered over dp and added into
+the chunk.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from minidist.parallel.mesh import DeviceMesh, check_mesh
 from minidist.parallel.sequence import allreduce_partial_grads
 from minidist.parallel.tensor_parallel import (SequenceParallelGPT, TensorParallelGPT, check_tensor_parallel,
                                                consolidate_state_dict, vocab_parallel_accuracy)
-from minidist.parallel.zero import Zero1Trainer, Zero2Trainer, Zero3Trainer
+from minidist.parallel.zero import Zero2Trainer, Zero3Trainer
 from minidist.train import OptimSettings
 
 
@@ -82,10 +83,6 @@ class TensorParallelShards:
     load_checkpoint = save_checkpoint
 
 
-class TensorParallelZero1Trainer(TensorParallelShards, Zero1Trainer):
-    """ZeRO-1 over dp, of each tp shard's AdamW moments."""
-
-
 class TensorParallelZero2Trainer(TensorParallelShards, Zero2Trainer):
     """ZeRO-2 over dp, of each tp shard's moments and gradients."""
 
@@ -94,4 +91,5 @@ class TensorParallelZero3Trainer(TensorParallelShards, Zero3Trainer):
     """ZeRO-3 (FSDP) over dp, of each tp shard's moments, gradients and weights."""
 
 
-STAGES = {1: TensorParallelZero1Trainer, 2: TensorParallelZero2Trainer, 3: TensorParallelZero3Trainer}
+# ZeRO-1 over a mesh, with or without a pipeline, is composed.py's MeshZero1Trainer: one way for each stage
+STAGES = {2: TensorParallelZero2Trainer, 3: TensorParallelZero3Trainer}
