@@ -9,7 +9,7 @@ import pytest
 
 from minidist.comm.launch import run
 from minidist.model import GPTConfig
-from minidist.parallel.mesh import check_mesh, coordinates, format_table, layout, rank_of
+from minidist.parallel.mesh import axis_groups, check_mesh, coordinates, format_table, layout, rank_of
 
 FACTORISATIONS = [  # (world, dp, tp, pp)
     (1, 1, 1, 1),
@@ -211,3 +211,48 @@ def test_tensor_parallel_ranks_share_a_node_on_two_nodes():
     for on_my_node, tp_size, nodes in results:
         assert nodes == [2, 2]
         assert tp_size == 2 and on_my_node == 2  # the whole tp group shares my node
+
+
+# ----------------------------------------------------------------------------- named axes
+
+
+def test_axis_groups_are_megatrons():
+    """Megatron-LM's example in `parallel_state.initialize_model_parallel` (16 GPUs, tp 2, pp 4,
+    hence dp 2): its tensor, pipeline and data groups, from the one function."""
+    sizes = {"pp": 4, "dp": 2, "tp": 2}
+    assert axis_groups(sizes, "tp") == [(0, 1), (2, 3), (4, 5), (6, 7), (8, 9), (10, 11), (12, 13), (14, 15)]
+    assert axis_groups(sizes, "pp") == [(0, 4, 8, 12), (1, 5, 9, 13), (2, 6, 10, 14), (3, 7, 11, 15)]
+    assert axis_groups(sizes, "dp") == [(0, 2), (1, 3), (4, 6), (5, 7), (8, 10), (9, 11), (12, 14), (13, 15)]
+    # several axes flattened: the model-parallel group (tp x pp) and, with cp, dp x cp
+    assert axis_groups(sizes, ("tp", "pp"))[0] == (0, 1, 4, 5, 8, 9, 12, 13)
+    assert axis_groups({"dp": 2, "cp": 2, "tp": 2}, ("dp", "cp")) == [(0, 2, 4, 6), (1, 3, 5, 7)]
+    with pytest.raises(ValueError, match="no axis"):
+        axis_groups(sizes, "xp")
+
+
+@pytest.mark.parametrize("dp, cp, tp", [(2, 2, 1), (1, 4, 1), (2, 2, 2), (1, 2, 2)])
+def test_context_parallel_axis_sits_between_dp_and_tp(dp, cp, tp):
+    world = dp * cp * tp
+    for place in layout(world, dp=dp, tp=tp, cp=cp):
+        assert place.rank == (place.dp * cp + place.cp) * tp + place.tp  # tp fastest, then cp, then dp
+        if cp > 1:
+            assert place.cp_group.index(place.rank) == place.cp and len(place.cp_group) == cp
+
+
+def expert_mesh_program(dp, ep):
+    import minidist.comm as dist
+    from minidist.parallel.mesh import DeviceMesh
+
+    mesh = DeviceMesh(dist.get_world(), dp=dp, ep=ep)
+    return {name: tuple(mesh[name].comm.allgather(dist.get_world().rank)) for name in ("ep", "expert_dp", "dp_cp")}
+
+
+@pytest.mark.parametrize("world, ep", [(4, 2), (4, 4), (3, 1)])
+def test_expert_groups_cut_the_dp_group_into_runs(world, ep):
+    """Expert parallelism inside dp (as DeepSpeed-MoE and Megatron-Core place it): ep adjacent
+    replicas share the experts, and the replicas of one expert shard lie ep apart."""
+    results = run(expert_mesh_program, world, world, ep, timeout=120)
+    for rank, groups in enumerate(results):
+        assert groups["ep"] == tuple(range(rank // ep * ep, rank // ep * ep + ep))
+        assert groups["expert_dp"] == tuple(range(rank % ep, world, ep))
+        assert groups["dp_cp"] == tuple(range(world))

@@ -54,7 +54,7 @@ ASSIGNMENTS = [
                "minidist/parallel/zero.py Zero1Trainer._finish_gradients and all_gather_parameters "
                "(reduce-scatter each unit's gradients, all-gather the updated chunks)",
                ("tests/test_parallel_zero.py::test_zero_equals_serial",)),
-    Assignment("mesh_groups", 9, 2, 30, "minidist/parallel/mesh.py layout's members (a rank's group along one axis)",
+    Assignment("mesh_groups", 9, 2, 30, "minidist/parallel/mesh.py axis_groups (the ranks that differ only along some axes)",
                ("tests/test_mesh.py::test_layout_groups_partition_the_world",
                 "tests/test_mesh.py::test_layout_of_eight_ranks_is_megatrons"),
                hidden=("hidden_tests/test_hidden_mesh.py",)),

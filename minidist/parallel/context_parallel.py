@@ -57,6 +57,7 @@ from minidist.data import IGNORE_INDEX, shard_rows
 from minidist.mixed_precision import finish_step, to_low_precision
 from minidist.model import GPT, GPTConfig
 from minidist.parallel.data_parallel import DistributedDataParallel
+from minidist.parallel.mesh import DeviceMesh
 from minidist.parallel.ulysses import check_ulysses, ulysses_attention, ulysses_traffic
 from minidist.precision import autocast
 from minidist.tensor import Function, get_default_dtype, graph_bytes
@@ -354,18 +355,20 @@ class ContextParallelTrainer(Trainer):
         self.name = context_parallel_name(cp, dp, algorithm, split)
         self.config, self.settings, self.task, self.batch_size = config, settings, task, batch_size
         self.cp, self.dp, self.algorithm = cp, dp, algorithm
-        self.dp_rank = world.rank // cp  # cp fastest: a cp group is adjacent ranks
+        # the mesh's pp x dp x cp x tp grid with cp fastest here: a cp group is adjacent ranks (mesh.py)
+        self.mesh = DeviceMesh(world, dp=dp, cp=cp)
+        self.dp_rank = self.mesh.place.dp
         # every attention message's size follows from these facts: checked once (chapter 7)
         facts = [config, cp, dp, algorithm, split, batch_size, get_default_dtype().str]
-        self.cp_group = world.split(color=self.dp_rank, label="cp").verify("the context-parallel layout", facts)
+        self.cp_group = self.mesh.cp_group.verify("the context-parallel layout", facts)
         self.split = SequenceSplit(config.block_size, cp, split)
         self.model = GPT(config, seed=seed)
         self.precision, self.scaler = precision, make_scaler(precision, settings)
         # chapter 10: 16-bit weights; attention's blocks travel in fp32 (its Functions compute in it)
         masters = to_low_precision(self.model, precision) if precision != "fp32" else None
         self.cp_model = ContextParallelGPT(self.model, self.cp_group, self.split, algorithm)
-        # gradients summed over cp and averaged over dp: one all-reduce over every rank
-        self.ddp = DistributedDataParallel(self.model, world.split(color=0, label="dp-cp"))
+        # gradients summed over cp and averaged over dp: one all-reduce over the flattened dp x cp group
+        self.ddp = DistributedDataParallel(self.model, self.mesh["dp_cp"])
         self.group = self.ddp.group
         self.optimizer = make_optimizer(self.model, settings, masters)
         self.activation_bytes = 0

@@ -47,6 +47,7 @@ from minidist.comm.world import World, resolve
 from minidist.data import accuracy
 from minidist.mixed_precision import finish_step, to_low_precision
 from minidist.moe import MoEConfig, MoEGPT, MoELayer, Routing, is_moe_param, moe_param_count, moe_report
+from minidist.parallel.mesh import DeviceMesh
 from minidist.precision import autocast
 from minidist.tensor import Function, Tensor, get_default_dtype, graph_bytes
 from minidist.train import (OptimSettings, Trainer, clip_and_step, load_training_state, make_optimizer,
@@ -182,10 +183,11 @@ class ExpertParallelTrainer(Trainer):
         self.config, self.settings, self.task, self.batch_size, self.ep = config, settings, task, batch_size, ep
         facts = [config, world.size, ep, batch_size, get_default_dtype().str]
         # every later message's size follows from these facts and the counts: checked once here
-        self.dp_group = world.split(color=0, label="dp").verify("the expert-parallel layout", facts)
-        self.ep_group = world.split(color=world.rank // ep, label="ep").verify("the expert-parallel group", facts)
-        self.expert_dp_group = world.split(color=world.rank % ep, label="expert_dp").verify(
-            "the expert-data-parallel group", facts)
+        # every rank a dp replica; the mesh cuts the dp group into runs of ep (mesh.py)
+        mesh = DeviceMesh(world, dp=world.size, ep=ep)
+        self.dp_group = mesh.dp_group.verify("the expert-parallel layout", facts)
+        self.ep_group = mesh["ep"].verify("the expert-parallel group", facts)
+        self.expert_dp_group = mesh["expert_dp"].verify("the expert-data-parallel group", facts)
         self.name = f"dp{world.size}-ep{ep}"
         self.local_model = ExpertParallelGPT(config, seed, self.dp_group, self.ep_group)
         self.model = None  # no rank holds every expert to sample from (for ep > 1)

@@ -27,17 +27,57 @@ The order, pp x dp x tp, fastest-varying last:
 * PyTorch's `init_device_mesh("cuda", (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))` is a
   row-major array of ranks, the last dimension fastest: the same grid again.
 
+Chapter 11's axes join the same grid: context parallelism (cp) sits between dp and tp, so the
+full order is pp x dp x cp x tp (Megatron's "tp-cp-ep-dp-pp" read backwards), and expert
+parallelism (ep) cuts each dp group into runs of ep adjacent replicas. Every group, of one axis
+or several (`dp_cp`: the ranks that hold the same weights when sequences are split, over which
+gradients are averaged, as `mesh["dp_cp"]` in PyTorch's DeviceMesh), comes from one function,
+`axis_groups`, in the spirit of Megatron-LM's `generate_masked_orthogonal_rank_groups`: hold
+the other coordinates, walk the named ones.
+
 `layout` computes the whole table without MPI (test it, print it: `python -m
 minidist.parallel.mesh --dp 2 --tp 2 --pp 2`); `DeviceMesh` is one rank's row of it, with each
 group made a minidist `World` by `world.split` — so every rank must construct it.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from minidist.comm.world import World
 
-AXES = ("pp", "dp", "tp")  # slowest-varying first
+AXES = ("pp", "dp", "cp", "tp")  # slowest-varying first: Megatron's "tp-cp-ep-dp-pp" backwards
+
+
+def axis_groups(sizes: dict[str, int], vary) -> list[tuple[int, ...]]:
+    """Every group of world ranks that differ only along the axes `vary` ("tp", or ("dp", "cp")
+    for a flattened group), in the grid of `sizes` (axes missing from it have size 1), ranks
+    numbered row-major over AXES (tp fastest). Each group lists its ranks in world order, so a
+    rank's place in a one-axis group is its coordinate along that axis.
+
+    >>> axis_groups({"dp": 2, "tp": 2}, "tp")
+    [(0, 1), (2, 3)]
+    >>> axis_groups({"dp": 2, "tp": 2}, "dp")
+    [(0, 2), (1, 3)]"""
+    vary = (vary,) if isinstance(vary, str) else tuple(vary)
+    unknown = set(vary) - set(AXES)
+    if unknown:
+        raise ValueError(f"device mesh: no axis {sorted(unknown)}; the axes are {AXES}")
+    ### BEGIN SOLUTION assignment=mesh_groups
+    grid = np.arange(math.prod(sizes.get(axis, 1) for axis in AXES)).reshape([sizes.get(a, 1) for a in AXES])
+    walked = [AXES.index(axis) for axis in AXES if axis in vary]  # in grid order: members ascend
+    held = [i for i in range(len(AXES)) if i not in walked]
+    cells = np.transpose(grid, held + walked)  # the held coordinates first, the walked ones last
+    size = math.prod(grid.shape[i] for i in walked)
+    return [tuple(int(r) for r in row) for row in cells.reshape(-1, size)]
+    ### END SOLUTION
+
+
+def group_of(rank: int, groups: list[tuple[int, ...]]) -> tuple[int, ...]:
+    """The group (of `axis_groups`) that holds `rank`."""
+    return next(group for group in groups if rank in group)
 
 
 @dataclass(frozen=True)
@@ -52,6 +92,8 @@ class Place:
     dp_group: tuple[int, ...]
     pp_group: tuple[int, ...]
     embedding: tuple[int, ...] | None
+    cp: int = 0                                 # chapter 11: the context-parallel coordinate
+    cp_group: tuple[int, ...] | None = None     # (None: the rank's own, cp = 1)
 
 
 def rank_of(pp: int, dp: int, tp: int, *, dp_size: int, tp_size: int) -> int:
@@ -67,16 +109,18 @@ def coordinates(rank: int, *, dp_size: int, tp_size: int) -> tuple[int, int, int
 
 
 def check_mesh(world_size: int, dp: int = 1, tp: int = 1, pp: int = 1, config=None,
-               batch_size: int | None = None, microbatches: int | None = None) -> None:
+               batch_size: int | None = None, microbatches: int | None = None, cp: int = 1, ep: int = 1) -> None:
     """Raise ValueError, in one line naming the numbers, if the mesh cannot be built (or cannot
     hold `config`, or split `batch_size` into `microbatches`). Pure arithmetic: every rank
     reaches the same verdict before any message (chapter 2)."""
-    for name, degree in (("dp", dp), ("tp", tp), ("pp", pp)):
+    for name, degree in (("dp", dp), ("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep)):
         if not isinstance(degree, int) or degree < 1:
             raise ValueError(f"device mesh: {name} must be an integer >= 1, got {degree!r}")
-    if dp * tp * pp != world_size:
-        raise ValueError(f"device mesh: pp={pp} x dp={dp} x tp={tp} = {pp * dp * tp} ranks, "
-                         f"but the world has {world_size}")
+    if dp * tp * pp * cp != world_size:
+        product = f"pp={pp} x dp={dp}" + (f" x cp={cp}" if cp > 1 else "") + f" x tp={tp}"
+        raise ValueError(f"device mesh: {product} = {pp * dp * cp * tp} ranks, but the world has {world_size}")
+    if dp % ep:
+        raise ValueError(f"device mesh: ep={ep} does not divide dp={dp} (expert parallelism groups dp replicas)")
     if config is not None and config.n_head % tp:
         raise ValueError(f"device mesh: tp={tp} does not divide n_head={config.n_head} "
                          "(each tensor-parallel rank holds an equal share of the heads)")
@@ -95,66 +139,83 @@ def check_mesh(world_size: int, dp: int = 1, tp: int = 1, pp: int = 1, config=No
                              f"does not split into {m} micro-batches ({per_replica} % {m} = {per_replica % m})")
 
 
-def layout(world_size: int, dp: int = 1, tp: int = 1, pp: int = 1) -> list[Place]:
+def layout(world_size: int, dp: int = 1, tp: int = 1, pp: int = 1, cp: int = 1) -> list[Place]:
     """The whole mesh, without MPI: row r is world rank r's `Place`."""
-    check_mesh(world_size, dp, tp, pp)
-
-    def members(vary: str, at: tuple[int, int, int]) -> tuple[int, ...]:
-        """The world ranks of the group along axis `vary` through the cell `at` = (pp, dp, tp)."""
-        ### BEGIN SOLUTION assignment=mesh_groups
-        size = {"pp": pp, "dp": dp, "tp": tp}[vary]
-        axis = AXES.index(vary)
-        cells = [at[:axis] + (i,) + at[axis + 1:] for i in range(size)]  # walk one axis, hold the others
-        return tuple(rank_of(*cell, dp_size=dp, tp_size=tp) for cell in cells)
-        ### END SOLUTION
-
+    check_mesh(world_size, dp, tp, pp, cp=cp)
+    sizes = {"pp": pp, "dp": dp, "cp": cp, "tp": tp}
+    groups = {axis: axis_groups(sizes, axis) for axis in AXES}
     table = []
     for rank in range(world_size):
-        at = coordinates(rank, dp_size=dp, tp_size=tp)
-        pipeline = members("pp", at)
+        mine = {axis: group_of(rank, groups[axis]) for axis in AXES}
+        at = {axis: mine[axis].index(rank) for axis in AXES}  # a rank's place in its group: its coordinate
+        pipeline = mine["pp"]
         if pp == 1:
             embedding = (rank,)  # first and last stage are this rank
-        elif at[0] in (0, pp - 1):
+        elif at["pp"] in (0, pp - 1):
             embedding = (pipeline[0], pipeline[-1])
         else:
             embedding = None
-        table.append(Place(rank, *at, tp_group=members("tp", at), dp_group=members("dp", at),
-                           pp_group=pipeline, embedding=embedding))
+        table.append(Place(rank, at["pp"], at["dp"], at["tp"], tp_group=mine["tp"], dp_group=mine["dp"],
+                           pp_group=pipeline, embedding=embedding, cp=at["cp"],
+                           cp_group=mine["cp"] if cp > 1 else None))
     return table
 
 
 class DeviceMesh:
-    """This rank's place in the pp x dp x tp grid, with its groups as `World`s.
+    """This rank's place in the pp x dp x cp x tp grid, with its groups as `World`s.
+
+        mesh = DeviceMesh(world, dp=2, tp=2)       # every rank of `world` constructs it
+        mesh.tp_group, mesh["dp"], mesh["dp_cp"]    # one axis, or several flattened
+        mesh["ep"], mesh["expert_dp"]               # with ep: runs of ep dp replicas, and across them
 
     Collective: every rank of `world` must construct it (each group is a `world.split`).
     A middle pipeline stage has `embedding_group = None`."""
 
-    def __init__(self, world: World, dp: int = 1, tp: int = 1, pp: int = 1, *, config=None,
-                 batch_size: int | None = None, microbatches: int | None = None):
-        check_mesh(world.size, dp, tp, pp, config, batch_size, microbatches)  # before any message
-        self.world, self.dp, self.tp, self.pp = world, dp, tp, pp
-        self.place = place = layout(world.size, dp=dp, tp=tp, pp=pp)[world.rank]
+    # the groups, with what they vary; each is labelled so its messages count as "...@label"
+    GROUPS = (("tp", "tp"), ("cp", "cp"), ("dp", "dp"), ("pp", "pp"), ("dp-cp", ("dp", "cp")))
+
+    def __init__(self, world: World, dp: int = 1, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, *,
+                 config=None, batch_size: int | None = None, microbatches: int | None = None):
+        check_mesh(world.size, dp, tp, pp, config, batch_size, microbatches, cp=cp, ep=ep)  # before any message
+        self.world, self.dp, self.tp, self.pp, self.cp, self.ep = world, dp, tp, pp, cp, ep
+        self.place = place = layout(world.size, dp=dp, tp=tp, pp=pp, cp=cp)[world.rank]
         self.coordinate = (place.pp, place.dp, place.tp)
+        sizes = {"pp": pp, "dp": dp, "cp": cp, "tp": tp}
         # Color = the group's first member, so each group's ranks agree on it; members are in
         # world order, so a rank's place in its group is its coordinate along that axis.
-        # Each group is labelled with its axis: its messages are counted as "...@tp" etc.
-        self.tp_group = world.split(color=place.tp_group[0], label="tp")
-        self.dp_group = world.split(color=place.dp_group[0], label="dp")
-        self.pp_group = world.split(color=place.pp_group[0], label="pp")
+        self.groups = {label: world.split(color=group_of(world.rank, axis_groups(sizes, vary))[0], label=label)
+                       for label, vary in self.GROUPS}
+        # expert parallelism (chapter 11): each dp group cut into runs of ep adjacent replicas,
+        # and the replicas of one expert shard across those runs
+        replicas, e = place.dp_group, place.dp % ep
+        self.groups["ep"] = world.split(color=replicas[place.dp - e], label="ep")
+        self.groups["expert_dp"] = world.split(color=replicas[e], label="expert_dp")
         # Middle stages take part in the split too (it is collective), in a group of their own
         # that they then drop.
         embedding = world.split(color=place.embedding[0] if place.embedding else world.size + world.rank,
                                 label="embedding")
-        self.embedding_group = embedding if place.embedding else None
+        self.groups["embedding"] = embedding if place.embedding else None
 
-    def get_group(self, axis: str) -> World | None:
-        """The group along "tp", "dp", "pp" or "embedding" (PyTorch: `mesh.get_group("tp")`)."""
-        return {"tp": self.tp_group, "dp": self.dp_group, "pp": self.pp_group,
-                "embedding": self.embedding_group}[axis]
+    def __getitem__(self, name: str) -> World | None:
+        """A group by name: "tp", "cp", "dp", "pp", "dp_cp" (or "dp-cp"), "ep", "expert_dp",
+        "embedding" (PyTorch: `mesh["dp_cp"]`, `mesh.get_group("tp")`)."""
+        name = "dp-cp" if name == "dp_cp" else name
+        if name not in self.groups:
+            raise KeyError(f"device mesh: no group {name!r}; the groups are {sorted(self.groups)}")
+        return self.groups[name]
+
+    get_group = __getitem__
+
+    tp_group = property(lambda self: self.groups["tp"])
+    dp_group = property(lambda self: self.groups["dp"])
+    pp_group = property(lambda self: self.groups["pp"])
+    cp_group = property(lambda self: self.groups["cp"])
+    embedding_group = property(lambda self: self.groups["embedding"])
 
     def __repr__(self):
         pp, dp, tp = self.coordinate
-        return (f"DeviceMesh(rank={self.world.rank}, pp={pp}/{self.pp}, dp={dp}/{self.dp}, tp={tp}/{self.tp})")
+        cp = f", cp={self.place.cp}/{self.cp}" if self.cp > 1 else ""
+        return f"DeviceMesh(rank={self.world.rank}, pp={pp}/{self.pp}, dp={dp}/{self.dp}{cp}, tp={tp}/{self.tp})"
 
 
 def format_table(table: list[Place]) -> str:
