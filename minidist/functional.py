@@ -6,7 +6,9 @@ dL/d(input) for each input. The operations that only move elements are in `minid
 and the neural-network operations that a transformer spends its time in
 (linear, layer_norm, gelu, softmax, attention, cross_entropy) live in `minidist/fused.py`, each
 written as one fused operation with a hand-derived backward, because that is how fast libraries
-do it and because the derivation is worth reading.
+do it and because the derivation is worth reading. Both are imported here, so that
+`minidist.functional` is the one place to find every operation, as in torch.nn.functional; and
+the end of this file gives `Tensor` its operators (`a + b` is `add(a, b)`).
 
 Conventions: Python numbers stay Python floats, so they never change a tensor's dtype (a NumPy
 float64 scalar would upcast a float32 array under NumPy 2's rules); two float tensors of
@@ -18,7 +20,31 @@ import builtins
 
 import numpy as np
 
+from minidist import fused_fast  # noqa: F401  (registers the fast kernels with minidist.kernels)
+from minidist.fused import (  # noqa: F401  (re-exported: see the docstring)
+    cross_entropy,
+    dropout,
+    embedding,
+    gelu,
+    layer_norm,
+    linear,
+    log_softmax,
+    scaled_dot_product_attention,
+    softmax,
+)
 from minidist.operands import check_dtypes, operand, unbroadcast
+from minidist.shape_ops import (  # noqa: F401  (re-exported: see the docstring)
+    cat,
+    chunk,
+    concat,
+    getitem,
+    masked_fill,
+    permute,
+    reshape,
+    split,
+    transpose,
+    where,
+)
 from minidist.tensor import Function, Tensor, as_array
 
 # ----------------------------------------------------------------------------- arithmetic
@@ -312,30 +338,49 @@ def max(x, axis=None, keepdims=False):  # noqa: A001
     return Max.apply(x, axis, keepdims)
 
 
-# The operations that move elements (reshape, permute, getitem, concat, split, chunk, where,
-# masked_fill) live in shape_ops.py, and the neural-network operations in fused.py; importing
-# them here makes `minidist.functional` the one place to find every operation, as in
-# torch.nn.functional.
-from minidist.shape_ops import (  # noqa: E402,F401
-    cat,
-    chunk,
-    concat,
-    getitem,
-    masked_fill,
-    permute,
-    reshape,
-    split,
-    transpose,
-    where,
-)
-from minidist.fused import (  # noqa: E402,F401
-    cross_entropy,
-    dropout,
-    embedding,
-    gelu,
-    layer_norm,
-    linear,
-    log_softmax,
-    scaled_dot_product_attention,
-    softmax,
-)
+# ----------------------------------------------------------------------------- Tensor's operators
+
+# `a + b`, `a @ w`, `x.sum()`, `x.T`: Python's operators and methods on a Tensor run the
+# operations of this file. The engine (tensor.py) comes before the operations (each is one of
+# its `Function`s), so it cannot import them; they are attached to the class here instead, the
+# way JAX gives its arrays their methods (`jax/_src/numpy/array_methods.py`). `import minidist`
+# loads this file, so every Tensor has them.
+
+
+class _TensorMethods:
+    """The methods this file gives `Tensor`: each defined here, then set on the class below."""
+
+    def __add__(self, other): return add(self, other)
+    def __radd__(self, other): return add(other, self)
+    def __sub__(self, other): return sub(self, other)
+    def __rsub__(self, other): return sub(other, self)
+    def __mul__(self, other): return mul(self, other)
+    def __rmul__(self, other): return mul(other, self)
+    def __truediv__(self, other): return div(self, other)
+    def __rtruediv__(self, other): return div(other, self)
+    def __neg__(self): return neg(self)
+    def __pow__(self, exponent): return pow(self, exponent)
+    def __matmul__(self, other): return matmul(self, other)
+    def __rmatmul__(self, other): return matmul(other, self)
+    def __getitem__(self, index): return getitem(self, index)
+
+    def sum(self, axis=None, keepdims=False): return sum(self, axis, keepdims)
+    def mean(self, axis=None, keepdims=False): return mean(self, axis, keepdims)
+    def max(self, axis=None, keepdims=False): return max(self, axis, keepdims)
+    def exp(self): return exp(self)
+    def log(self): return log(self)
+    def sqrt(self): return sqrt(self)
+    def tanh(self): return tanh(self)
+    def reshape(self, *shape): return reshape(self, shape[0] if len(shape) == 1 else shape)
+    def transpose(self, axis1=-2, axis2=-1): return transpose(self, axis1, axis2)
+    def permute(self, *axes): return permute(self, axes[0] if len(axes) == 1 else axes)
+    def astype(self, dtype) -> Tensor: return cast(self, dtype)
+
+    @property
+    def T(self):
+        return permute(self, tuple(reversed(range(self.ndim))))
+
+
+for _name, _method in list(vars(_TensorMethods).items()):
+    if callable(_method) or isinstance(_method, property):  # not __module__, __doc__, ...
+        setattr(Tensor, _name, _method)

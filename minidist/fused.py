@@ -10,7 +10,9 @@ differences in tests/test_functional.py.
 This file is the plain path: each operation written as its formula. `fused_fast.py` holds the
 same operations tuned for speed, and `minidist.kernels` chooses between the two (fast unless
 told otherwise); tests/test_kernels.py holds them to the same numbers. The functions at the end
-of each section (`linear`, `gelu`, ...) check their inputs and run the chosen class.
+of each section (`linear`, `gelu`, ...) check their inputs and run the class `kernels.chosen`
+names: the one here, or its namesake in fused_fast.py (which builds on this file, and so tells
+`kernels` its classes rather than being imported here).
 
 Shapes follow PyTorch: `linear` weights are (out_features, in_features); attention takes
 (batch, heads, time, head_dim); `cross_entropy` takes logits (..., vocab) and integer targets.
@@ -21,18 +23,8 @@ import math
 
 import numpy as np
 
-from minidist.kernels import current
+from minidist.kernels import chosen
 from minidist.tensor import Function, Tensor, autocast_active
-
-
-def _chosen(plain):
-    """The class that runs `plain`'s operation on the chosen kernel path: `plain` itself, or the
-    class of the same name in fused_fast.py (imported here, late: fused_fast imports this file)."""
-    if current() == "plain":
-        return plain
-    from minidist import fused_fast
-
-    return getattr(fused_fast, plain.__name__)
 
 
 def _same_dtype(name, *tensors):
@@ -77,7 +69,7 @@ class Linear(Function):
 
 def linear(x, weight, bias=None):
     _same_dtype("linear", x, weight, bias)
-    return _chosen(Linear).apply(x, weight, bias)
+    return chosen(Linear).apply(x, weight, bias)
 
 
 # ----------------------------------------------------------------------------- embedding
@@ -107,7 +99,7 @@ def embedding(ids, weight):
     if ids.size and (ids.min() < 0 or ids.max() >= n):
         bad = ids[(ids < 0) | (ids >= n)].flat[0]
         raise IndexError(f"embedding: id {bad} is outside the table of {n} rows (valid ids are 0..{n - 1})")
-    return _chosen(Embedding).apply(ids, weight)
+    return chosen(Embedding).apply(ids, weight)
 
 
 # ----------------------------------------------------------------------------- layer norm
@@ -142,7 +134,7 @@ class LayerNorm(Function):
 
 def layer_norm(x, weight, bias, eps=1e-5):
     _same_dtype("layer_norm", x, weight, bias)
-    return _chosen(LayerNorm).apply(x, weight, bias, float(eps))
+    return chosen(LayerNorm).apply(x, weight, bias, float(eps))
 
 
 # ----------------------------------------------------------------------------- GELU
@@ -171,7 +163,7 @@ class GELU(Function):
 
 
 def gelu(x):
-    return _chosen(GELU).apply(x)
+    return chosen(GELU).apply(x)
 
 
 # ----------------------------------------------------------------------------- softmax family
@@ -216,11 +208,11 @@ class LogSoftmax(Function):
 
 
 def softmax(x, axis=-1):
-    return _chosen(Softmax).apply(x, axis)
+    return chosen(Softmax).apply(x, axis)
 
 
 def log_softmax(x, axis=-1):
-    return _chosen(LogSoftmax).apply(x, axis)
+    return chosen(LogSoftmax).apply(x, axis)
 
 
 # ----------------------------------------------------------------------------- attention
@@ -275,7 +267,7 @@ def scaled_dot_product_attention(q, k, v, causal=True, dropout_p=0.0, rng=None):
         raise ValueError(f"attention: causal with {q.shape[-2]} queries but only {k.shape[-2]} keys "
                          "(the first queries would see no key)")
     _same_dtype("attention", q, k, v)
-    return _chosen(ScaledDotProductAttention).apply(q, k, v, causal, float(dropout_p), rng)
+    return chosen(ScaledDotProductAttention).apply(q, k, v, causal, float(dropout_p), rng)
 
 
 # ----------------------------------------------------------------------------- dropout
@@ -306,7 +298,7 @@ def dropout(x, p, training=True, rng=None):
         raise ValueError(f"dropout probability must be in [0, 1), got {p}")
     if not training or p == 0.0:
         return x
-    return _chosen(Dropout).apply(x, float(p), rng)
+    return chosen(Dropout).apply(x, float(p), rng)
 
 
 # ----------------------------------------------------------------------------- cross-entropy
@@ -359,4 +351,4 @@ def cross_entropy(logits, targets, ignore_index=-100):
     if counted.size and (counted.min() < 0 or counted.max() >= vocab):
         bad = counted[(counted < 0) | (counted >= vocab)][0]
         raise IndexError(f"cross_entropy: target {bad} is outside the vocabulary of size {vocab}")
-    return _chosen(CrossEntropy).apply(logits, targets, ignore_index)
+    return chosen(CrossEntropy).apply(logits, targets, ignore_index)

@@ -27,6 +27,7 @@ import numpy as np
 from minidist import fused
 from minidist.fused import _GELU_C, _dropout_mask
 from minidist.fused import Dropout, Linear, LogSoftmax, Softmax  # noqa: F401  (shared: the plain class is as fast)
+from minidist.kernels import register_fast
 
 _BLOCK = 1 << 16  # elements per block: 256-512 KB per array, a few arrays fit in L2/L3
 
@@ -287,3 +288,11 @@ def adamw_update(param, grad, exp_avg, exp_avg_sq, step, lr, betas, eps, weight_
     np.divide(exp_avg, s, out=s)
     s *= lr / (1.0 - beta1**step)
     param -= s                            # p -= lr / (1 - b1^t) * m / (sqrt(v / (1 - b2^t)) + eps)
+
+
+# ----------------------------------------------------------------------------- the fast path
+
+# On the fast path (minidist.kernels), each operation of fused.py runs as its namesake here.
+for _plain in (fused.Linear, fused.Embedding, fused.LayerNorm, fused.GELU, fused.Softmax, fused.LogSoftmax,
+               fused.ScaledDotProductAttention, fused.Dropout, fused.CrossEntropy):
+    register_fast(_plain, globals()[_plain.__name__])

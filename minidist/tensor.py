@@ -248,11 +248,6 @@ class Tensor:
     def detach(self) -> "Tensor":
         return Tensor(self.data)
 
-    def astype(self, dtype) -> "Tensor":
-        from minidist.functional import cast
-
-        return cast(self, dtype)
-
     # -- hooks
     def register_post_accumulate_grad_hook(self, hook) -> None:
         """Call `hook(tensor)` each time backward has finished accumulating into `.grad`.
@@ -290,35 +285,10 @@ class Tensor:
                 raise ValueError(f"backward(): gradient of shape {grad.shape} for a tensor of shape {self.shape}")
         _run_backward(self, grad)
 
-    # -- operators; the operations themselves live in functional.py
-    def __add__(self, other): return F.add(self, other)
-    def __radd__(self, other): return F.add(other, self)
-    def __sub__(self, other): return F.sub(self, other)
-    def __rsub__(self, other): return F.sub(other, self)
-    def __mul__(self, other): return F.mul(self, other)
-    def __rmul__(self, other): return F.mul(other, self)
-    def __truediv__(self, other): return F.div(self, other)
-    def __rtruediv__(self, other): return F.div(other, self)
-    def __neg__(self): return F.neg(self)
-    def __pow__(self, exponent): return F.pow(self, exponent)
-    def __matmul__(self, other): return F.matmul(self, other)
-    def __rmatmul__(self, other): return F.matmul(other, self)
-    def __getitem__(self, index): return F.getitem(self, index)
-
-    def sum(self, axis=None, keepdims=False): return F.sum(self, axis, keepdims)
-    def mean(self, axis=None, keepdims=False): return F.mean(self, axis, keepdims)
-    def max(self, axis=None, keepdims=False): return F.max(self, axis, keepdims)
-    def exp(self): return F.exp(self)
-    def log(self): return F.log(self)
-    def sqrt(self): return F.sqrt(self)
-    def tanh(self): return F.tanh(self)
-    def reshape(self, *shape): return F.reshape(self, shape[0] if len(shape) == 1 else shape)
-    def transpose(self, axis1=-2, axis2=-1): return F.transpose(self, axis1, axis2)
-    def permute(self, *axes): return F.permute(self, axes[0] if len(axes) == 1 else axes)
-
-    @property
-    def T(self):
-        return F.permute(self, tuple(reversed(range(self.ndim))))
+    # -- operators: `a + b`, `a @ w`, `x.sum()`, `x.reshape(...)`, `x.T`, `x.astype(...)` are the
+    #    operations of functional.py, and functional.py attaches them to this class (see the end
+    #    of that file). Every operation there is a `Function` of this file, so this file comes
+    #    first and cannot import them; `import minidist` loads both.
 
 
 def _run_backward(root: Tensor, grad: np.ndarray) -> None:
@@ -436,6 +406,3 @@ def graph_bytes(*outputs: Tensor) -> int:
                 seen_buffers.add(id(base))
                 total += base.nbytes
     return total
-
-
-from minidist import functional as F  # noqa: E402  (operators above are defined in functional.py)

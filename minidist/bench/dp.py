@@ -53,7 +53,7 @@ def rank_program(modes: list[str], steps: int, warmup: int, batch: int, bucket_k
     """Every variant in `modes` on this job's ranks, taking turns step by step.
     Returns {mode: {times: [s per step], bytes_sent, messages (per step), ...}} for this rank.
     `wait` (e.g. {"busy": 0.002} or {"polite": False}) sets `dist.set_wait_policy` on every rank,
-    to measure how the waiting policy of minidist/comm/p2p.py affects the step. `slow` = (rank,
+    to measure how the waiting policy of minidist/comm/waiting.py affects the step. `slow` = (rank,
     seconds per row) makes that rank's every trainer slower (`minidist.lab.stragglers`)."""
     from minidist import comm as dist
     from minidist.data import make_task

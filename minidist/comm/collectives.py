@@ -2,7 +2,7 @@
 
 One idea: a *collective* (集合通信) is a call that every rank of a group makes together and
 that moves data among all of them; here each one is a schedule of point-to-point messages
-(see algorithms.py) driven by the polite wait of p2p.py.
+(see algorithms.py) driven by the polite wait of waiting.py.
 
     all_reduce(x, op="sum", group=None, algorithm="auto", async_op=False) -> x (in place)
     reduce(x, dst=0, op="sum", ...)            -> x (result on dst; others untouched)
@@ -25,24 +25,19 @@ when it was built (`World.verify`) the check is skipped.
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import numpy as np
 from mpi4py import MPI
 
 from minidist.comm import algorithms as alg
-from minidist.comm import cost, hierarchical, p2p, shared_memory, traffic
+from minidist.comm import hierarchical, shared_memory, traffic
 from minidist.comm.consistency import (CollectiveMismatch, check_consistent, needs_check,  # noqa: F401
                                        set_check, unchecked)
+from minidist.comm.cost import AUTO_CANDIDATES, AUTO_COST, auto_algorithm  # noqa: F401  (re-exported)
+from minidist.comm.waiting import Request, _raise_timeout, poll, poll_until
 from minidist.comm.world import World, resolve
 
 OPS = {"sum": np.add, "avg": np.add, "max": np.maximum, "min": np.minimum}
-
-# algorithm="auto" picks the all-reduce the alpha-beta model (cost.py) predicts fastest, with
-# these constants, fitted by `python -m minidist.bench collectives` on a 2-core machine
-# (chapter 07). Every rank computes the same choice from the same numbers.
-AUTO_COST = dict(alpha=20e-6, beta=0.5e-9, gamma=0.1e-9)
-AUTO_CANDIDATES = ("recursive_doubling", "halving_doubling", "ring")
 
 ALL_REDUCE = {
     "naive": alg.all_reduce_naive,
@@ -96,19 +91,19 @@ class _Ctx:
 
     def wait(self, pending, timeout=None):
         """Wait for one step's requests: a single Testall when they are already complete (the
-        common case for small messages), else the polite wait of p2p.py. (The shared-memory
+        common case for small messages), else the polite wait of waiting.py. (The shared-memory
         all-reduce yields a FlagWait instead of requests: flags in memory, polled as politely.)"""
         if pending.__class__ is not list:  # a condition in shared memory (FlagWait, AfterWork)
             if not pending.test():
-                p2p.poll_until(pending.test, timeout, pending.timed_out, busy=shared_memory.BUSY)
+                poll_until(pending.test, timeout, pending.timed_out, busy=shared_memory.BUSY)
         elif not _testall(pending):
-            p2p.poll(pending, timeout, lambda: self.explain(pending))
+            poll(pending, timeout, lambda: self.explain(pending))
         self.posted.clear()  # this step is done; only the current step can time out
 
     def explain(self, pending):
-        """p2p.Request objects for `pending` (only built to word a timeout)."""
+        """`Request` objects for `pending` (only built to word a timeout)."""
         info = {id(req): (op, peer, nbytes) for req, op, peer, nbytes in self.posted}
-        return [p2p.Request(req, *info[id(req)][:2], self.tag, info[id(req)][2], self.kind, self.world)
+        return [Request(req, *info[id(req)][:2], self.tag, info[id(req)][2], self.kind, self.world)
                 for req in pending]
 
 
@@ -160,7 +155,7 @@ class Work:
         call queued behind this one waited that long: shared_memory.AfterWork)."""
         pending = self._pending
         if pending.__class__ is list:
-            p2p._raise_timeout(self._ctx.explain(pending), pending, waited)
+            _raise_timeout(self._ctx.explain(pending), pending, waited)
         pending.timed_out(waited)
 
 
@@ -242,7 +237,7 @@ def choose_all_reduce(algorithm: str, world: World, nbytes: int) -> str:
     on some machine, the hierarchical all-reduce: reduce inside each machine, all-reduce among
     one leader per machine, broadcast inside (hierarchical.py), so that few bytes cross the
     expensive links. One rank per machine: the message algorithm the alpha-beta model
-    (cost.py) predicts fastest for this size and group size (`auto_algorithm`): recursive
+    (cost.py) predicts fastest for this size and group size (`cost.auto_algorithm`): recursive
     doubling for small arrays, halving-doubling or the ring for large ones. Every rank
     computes the same answer from the same numbers."""
     if algorithm != "auto":
@@ -291,14 +286,6 @@ def _run_in_order(shared, buf, ufunc, array, async_op, average):
     if async_op:
         shared.in_flight = result
     return result
-
-
-@functools.lru_cache(maxsize=1024)  # a pure function of (nbytes, n): decide once, not per call
-def auto_algorithm(nbytes: int, n: int) -> str:
-    """The all-reduce algorithm="auto" uses for `nbytes` on `n` ranks: fewest steps for small
-    arrays (recursive doubling), fewest bytes in fewest steps for large ones (halving-doubling
-    when n is a power of two, else the ring)."""
-    return min(AUTO_CANDIDATES, key=lambda a: cost.predict("all_reduce", a, n, nbytes, **AUTO_COST))
 
 
 def reduce(array: np.ndarray, dst: int = 0, op: str = "sum", group: World | None = None,

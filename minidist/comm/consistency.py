@@ -4,8 +4,8 @@ Chapter 7. A collective is a contract: every rank of the group calls it, in the 
 the same count, dtype, op and root. If one rank breaks it, a hand-written ring would wait forever
 for a message that never comes, or add up arrays of different lengths. So before any message a
 collective shares (collective, count, dtype, op, root) among the ranks through MPI's own small
-Iallgather and compares: a mismatch raises `CollectiveMismatch` on *every* rank, naming what
-each rank passed.
+Iallgather and compares: a mismatch raises `CollectiveMismatch` (errors.py) on *every* rank,
+naming what each rank passed.
 
 The check is one extra round trip per call. A strategy checks once instead, when it is built
 (`World.verify`: the facts from which every later call's arguments follow), and its calls on
@@ -18,13 +18,10 @@ import zlib
 
 import numpy as np
 
-from minidist.comm import p2p, traffic
+from minidist.comm import traffic
+from minidist.comm.errors import CollectiveMismatch
+from minidist.comm.waiting import Request, wait
 from minidist.comm.world import World
-
-
-class CollectiveMismatch(ValueError):
-    """Ranks called a collective with arguments that do not fit together."""
-
 
 _CHECK = [True]
 
@@ -65,7 +62,7 @@ def check_consistent(world: World, name: str, count: int, dtype, op: str = "", r
     mine = np.array([_code(name), count, _code(dtype.str), _code(op), root, _code(algorithm)], dtype=np.int64)
     table = np.empty((world.size, mine.size), dtype=np.int64)
     req = world.coll_comm.Iallgather(mine, table)
-    p2p.wait([p2p.Request(req, "coll", -1, -1, table.nbytes, f"the consistency check of {name} (MPI Iallgather)", world)])
+    wait([Request(req, "coll", -1, -1, table.nbytes, f"the consistency check of {name} (MPI Iallgather)", world)])
     for _ in range(world.size - 1):
         traffic.record_send("check", mine.nbytes)
         traffic.record_recv("check", mine.nbytes)

@@ -25,10 +25,14 @@ and receive everyone else's contributions to its 1/N; see chapter 07), so the ri
 
 `fit_alpha_beta` fits alpha and beta by least squares to measured point-to-point exchange
 times (the benchmark measures them on this machine); `predict` then predicts every
-algorithm, and the benchmark prints the prediction beside the measurement.
+algorithm, and the benchmark prints the prediction beside the measurement. `auto_algorithm`
+is the message algorithm the model predicts fastest with constants fitted once (`AUTO_COST`):
+what `all_reduce(algorithm="auto")` runs where no shared memory or hierarchy applies
+(collectives.py).
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -117,6 +121,21 @@ def crossover(collective: str, fast_for_large: str, other: str, n: int, alpha: f
     return hi
 
 
+# algorithm="auto" picks the all-reduce this model predicts fastest (collectives.py), with these
+# constants, fitted by `python -m minidist.bench collectives` on a 2-core machine (chapter 07).
+# Every rank computes the same choice from the same numbers.
+AUTO_COST = dict(alpha=20e-6, beta=0.5e-9, gamma=0.1e-9)
+AUTO_CANDIDATES = ("recursive_doubling", "halving_doubling", "ring")
+
+
+@functools.lru_cache(maxsize=1024)  # a pure function of (nbytes, n): decide once, not per call
+def auto_algorithm(nbytes: int, n: int) -> str:
+    """The all-reduce algorithm="auto" uses for `nbytes` on `n` ranks, among the message
+    algorithms: fewest steps for small arrays (recursive doubling), fewest bytes in fewest steps
+    for large ones (halving-doubling when n is a power of two, else the ring)."""
+    return min(AUTO_CANDIDATES, key=lambda a: predict("all_reduce", a, n, nbytes, **AUTO_COST))
+
+
 def zero_bytes_sent(stage: int, n: int, units_numel: list[int], bytes_per_element: int = 4) -> float:
     """Bytes each rank sends per step under ZeRO stage 0-3 (chapter 8): (N-1)/N of what each ring moves.
 
@@ -147,7 +166,6 @@ def tensor_parallel_traffic_per_step(config, batch: int, tp: int, itemsize: int 
     sequence_parallel=True: each B·T·C all-reduce becomes one reduce-scatter and one all-gather
     (ring: (t-1)/t of the array each, together a ring all-reduce's bytes), and one all-reduce of
     the replicated parameters' partial gradients is added."""
-    from minidist.comm.collectives import auto_algorithm  # collectives imports this module
     from minidist.memory import tensor_parallel_parameter_counts
 
     seq = config.block_size if seq is None else seq

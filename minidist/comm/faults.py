@@ -10,7 +10,7 @@ lost among the other ranks' output).
     from minidist.comm import faults
     faults.install()              # first thing in the demo, the benchmarks, rank programs
 
-The other half of "never hang" is the timeout on every wait (p2p.wait raises CommTimeout,
+The other half of "never hang" is the timeout on every wait (waiting.py raises CommTimeout,
 naming the rank, the peer and the tag), which `install()` then turns into an abort as well.
 
 What an abort cleans up. MPICH keeps its shared memory in files /dev/shm/mpich_shm_* (its

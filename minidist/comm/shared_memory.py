@@ -42,8 +42,8 @@ import atexit
 import numpy as np
 from mpi4py import MPI
 
-from minidist.comm import p2p
 from minidist.comm.algorithms import chunk_bounds
+from minidist.comm.errors import CommTimeout
 from minidist.comm.world import global_rank
 
 LINE = 64          # one flag per cache line, so raising mine does not disturb my neighbour's
@@ -53,8 +53,9 @@ SMALL = 64 << 10   # up to this size: one handshake, everyone reduces everything
 # grow with N: more ranks must be scheduled on the same cores) stay a small part of each piece.
 PIECE_PER_RANK_SQUARED = 64 << 10
 ARRIVED, REDUCED = 0, 1
-# Waiting for a flag yields the core at once instead of polling flat out for p2p's 5 us first:
-# the rank that will raise it shares our core as often as not (4 ranks on 2 cores).
+# Waiting for a flag yields the core at once instead of polling flat out for the polite wait's
+# 5 us first (waiting.py): the rank that will raise it shares our core as often as not (4 ranks
+# on 2 cores).
 BUSY = 0.0
 
 
@@ -126,7 +127,7 @@ class FlagWait:
         flags = self.window.flags[self.row]
         late = [j for j in range(flags.size) if flags[j] < self.k]
         what = "arrive with its array" if self.row == ARRIVED else "reduce its chunk"
-        raise p2p.CommTimeout(
+        raise CommTimeout(
             f"rank {self.window.rank} of {self.window.size} (world rank {global_rank()}) timed out after "
             f"{waited:.1f} s in the shared-memory all_reduce, call {self.k}, waiting for rank(s) {late} "
             f"to {what}. Are they alive, and did they make the same call?")

@@ -24,6 +24,9 @@ import zlib
 
 from mpi4py import MPI
 
+from minidist.comm.errors import CollectiveMismatch
+from minidist.comm.waiting import Request, wait
+
 
 class World:
     """A group of processes that can talk to each other (a communicator, 通信域)."""
@@ -52,7 +55,7 @@ class World:
     def coll_comm(self) -> MPI.Comm:
         """The duplicate communicator of the collectives. Duplicating is itself a collective
         call, so it happens lazily inside the first collective (which every rank makes), and
-        with the non-blocking `Idup` so that it waits politely and can time out."""
+        with the non-blocking `Idup` so that it waits politely and can time out (waiting.py)."""
         if self._coll_comm is None:
             self.open_collectives()
         return self._coll_comm
@@ -61,11 +64,9 @@ class World:
         """Make `coll_comm` now, waiting at most `timeout` (default: the wait policy's) for the
         other ranks to join (a barrier whose ranks may wait long passes its own timeout)."""
         if self._coll_comm is None:
-            from minidist.comm import p2p
-
             comm, req = self.comm.Idup()
-            p2p.wait([p2p.Request(req, "coll", -1, -1, 0, "MPI Idup of the communicator (every rank's first collective)", self)],
-                     timeout)
+            wait([Request(req, "coll", -1, -1, 0, "MPI Idup of the communicator (every rank's first collective)", self)],
+                 timeout)
             self._coll_comm = comm
 
     def next_tag(self) -> int:
@@ -104,8 +105,6 @@ class World:
         `all_reduce(grad, group=self.group)`."""
         codes = self.comm.allgather(zlib.crc32(repr(facts).encode()))  # once, at construction
         if len(set(codes)) > 1:
-            from minidist.comm.consistency import CollectiveMismatch
-
             groups = {}
             for rank, code in enumerate(codes):
                 groups.setdefault(code, []).append(rank)
