@@ -1,12 +1,33 @@
-"""Checkpoint files: a run that dies loses at most the steps since its last checkpoint.
+"""Checkpoint files: one format for every layout, so any layout resumes any other's checkpoint.
 
-Chapter 2 (clear failure, nothing lost). A checkpoint is one directory per step, one file per
-rank (its part of the training state: `Trainer.checkpoint_state()`) and a manifest:
+Chapter 2 (clear failure, nothing lost) and chapter 8 (sharded states). A run that dies loses at
+most the steps since its last checkpoint, and may resume on another layout (serial, dp, tp, pp,
+ZeRO...). A checkpoint is one directory per step, one file per rank and a manifest:
 
-    DIR/step-000040/rank-00000-of-00002.npz
-    DIR/step-000040/rank-00001-of-00002.npz
-    DIR/step-000040/manifest.json    step, the run it belongs to, and for every file its
-                                     bytes, sha256 and arrays (name -> shape, dtype)
+    DIR/step-000040/rank-00000-of-00004.npz   the pieces this rank wrote, keyed by global name
+    DIR/step-000040/manifest.json             the step, the run, every file's bytes, sha256 and
+                                              arrays, and every global array's shape, dtype, pieces
+
+Every array is the serial run's, under its global name (minidist/reshard.py), with the place of
+each piece: a box of index ranges (a tensor-parallel shard), a flat range (a ZeRO chunk), both,
+or neither (whole). A piece held by several ranks (data-parallel copies) is written once, by the
+lowest of them. Arrays named `rankR.<name>` are rank R's own (its random generators), read back
+only by the same layout. 16-bit floats are stored as their bits (uint16: an .npz has no
+bfloat16), and come back exactly, in the manifest's dtype. Of a 4-rank dp2-tp2 run (tp ranks 0
+and 1 hold the two halves of the vocabulary; ranks 2 and 3, the other replica, hold copies):
+
+    {"format": "minidist-checkpoint-v2", "step": 4, "run": {..., "layout": {"name": "dp2-tp2", ...}},
+     "parts": [{"file": "rank-00000-of-00004.npz", "bytes": 455792, "sha256": "5c36b651...",
+                "arrays": {"param.wte.weight": [[128, 32], "<f8"], ...}}, ...],
+     "arrays": {"param.wte.weight": {"shape": [256, 32], "dtype": "float64", "pieces": [
+                    {"file": "rank-00000-of-00004.npz", "box": [[0, 128], [0, 32]]},
+                    {"file": "rank-00001-of-00004.npz", "box": [[128, 256], [0, 32]]}]},
+                "step": {"shape": [], "dtype": "int64", "pieces": [{"file": "rank-00000-of-00004.npz"}]},
+                "rank3.rng.drop.rng": {"shape": [165], "dtype": "uint8",
+                                       "pieces": [{"file": "rank-00003-of-00004.npz"}]}, ...}}
+
+A ZeRO chunk's piece says `"flat": [1462, 2924]` instead of a box: those elements of the array,
+flattened (minidist/reshard.py has every kind).
 
 Written so that a crash at any moment leaves the newest complete checkpoint loadable:
 
@@ -16,9 +37,12 @@ Written so that a crash at any moment leaves the newest complete checkpoint load
    `rename` of `step-000040.partial` to `step-000040`; only then are older steps deleted.
 
 `latest(DIR)` is the newest `step-N` directory, and a `.partial` one is never read: a save that
-died half-way is simply not there. Loading validates before using (`read_manifest`, `check_run`,
-`read_part`): the run (layout, config, dtype), the step, every file's size and checksum, and its
-arrays' names, shapes and dtypes against the manifest, each failure naming the file.
+died half-way is simply not there. Loading validates before using: `read_manifest` (its form,
+every piece inside its array), `check_run` (the same model, dtype, batch, schedule...; the layout
+may differ), and `Checkpoint`, whose `read(name)` assembles a global array from its pieces, each
+file's size, checksum, names, shapes and dtypes checked before its first use and every element
+covered exactly once; each failure names the file. `consolidate(path)`: every global array,
+whole, in one process.
 
 No MPI here: `minidist/parallel/checkpointing.py` runs these steps on every rank of a job.
 All ranks must see the same directory (one machine, or a shared file system).
@@ -35,11 +59,15 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy: np.dtype("bfloat16"))
 import numpy as np
 
-FORMAT = "minidist-checkpoint-v1"
+from minidist.reshard import assemble, extent
+
+FORMAT = "minidist-checkpoint-v2"
 MANIFEST = "manifest.json"
 STEP = re.compile(r"^step-(\d+)$")
+LOCAL = re.compile(r"^rank\d+\.")  # rank R's own arrays: `rankR.<name>`
 
 
 def step_name(step: int) -> str:
@@ -99,19 +127,46 @@ def begin(directory, step: int) -> Path:
     return path
 
 
+def stored(array: np.ndarray) -> np.ndarray:
+    """What the file holds: the array, or for a format NumPy cannot save (bfloat16, fp8: dtype
+    kind 'V') its bit patterns as unsigned integers of the same width."""
+    array = np.asarray(array)
+    return array.view(f"u{array.dtype.itemsize}") if array.dtype.kind == "V" else array
+
+
+def plan(places: list[dict[str, dict]], size: int) -> tuple[list[list[str]], dict]:
+    """Who writes what, from every rank's {name: `Piece.where()`}: of identical pieces (same array,
+    same place: data-parallel copies) the lowest rank's only. Returns the names each rank writes
+    and the manifest's "arrays" section. Pure: every rank computes the same from the same input."""
+    writes, arrays = [[] for _ in places], {}
+    for rank, mine in enumerate(places):
+        for name, where in mine.items():
+            entry = arrays.setdefault(name, {"shape": where["shape"], "dtype": where["dtype"], "pieces": []})
+            if (entry["shape"], entry["dtype"]) != (where["shape"], where["dtype"]):
+                raise ValueError(f"array {name}: rank {rank} holds a piece of a {where['shape']} {where['dtype']} "
+                                 f"array, a lower rank of a {entry['shape']} {entry['dtype']} one")
+            place = {key: where[key] for key in ("box", "flat") if key in where}
+            if any({k: v for k, v in piece.items() if k != "file"} == place for piece in entry["pieces"]):
+                continue  # a copy of a piece a lower rank writes
+            entry["pieces"].append({"file": part_name(rank, size), **place})
+            writes[rank].append(name)
+    return writes, arrays
+
+
 def write_part(partial: Path, rank: int, size: int, state: dict[str, np.ndarray]) -> dict:
     """This rank's file, written and fsynced; returns its manifest entry (with its file name)."""
+    state = {name: stored(array) for name, array in state.items()}
     data = npz_bytes(state)
     name = part_name(rank, size)
     write_synced(partial / name, data)
     return {"file": name, **describe(data, state)}
 
 
-def commit(directory, partial: Path, step: int, run: dict, parts: list[dict]) -> Path:
+def commit(directory, partial: Path, step: int, run: dict, parts: list[dict], arrays: dict) -> Path:
     """Make the staged checkpoint the current one (rank 0, after every part is written):
     manifest, one atomic rename, then the older checkpoints go. Returns its directory."""
     directory = Path(directory)
-    manifest = {"format": FORMAT, "step": step, "run": run, "parts": parts}
+    manifest = {"format": FORMAT, "step": step, "run": run, "parts": parts, "arrays": arrays}
     write_synced(partial / MANIFEST, json.dumps(manifest, indent=1).encode())
     fsync_directory(partial)
     final = directory / step_name(step)
@@ -151,7 +206,43 @@ def read_manifest(path) -> dict:
     match = STEP.match(Path(path).name)
     if match and int(match.group(1)) != manifest.get("step"):
         raise ValueError(f"{file}: says step {manifest.get('step')}, but its directory is {Path(path).name}")
+    check_form(manifest, file)
     return manifest
+
+
+def check_form(manifest: dict, file: Path) -> None:
+    """Every part entry and every array's shape, dtype and pieces well formed, each piece inside
+    its array and in a listed file: an edited manifest is refused here, by name, before any read."""
+    parts = manifest.get("parts")
+    if not isinstance(parts, list) or not all(isinstance(p, dict) and {"file", "bytes", "sha256", "arrays"} <= set(p)
+                                              for p in parts):
+        raise ValueError(f"{file}: its parts are not a list of file entries (file, bytes, sha256, arrays)")
+    files = {p["file"] for p in parts}
+    arrays = manifest.get("arrays")
+    if not isinstance(arrays, dict):
+        raise ValueError(f"{file}: has no arrays section")
+    for name, entry in arrays.items():
+        try:
+            _check_entry(entry, files)
+        except (KeyError, TypeError, ValueError) as why:
+            raise ValueError(f"{file}: array {name}: malformed entry ({why!s})") from None
+
+
+def _check_entry(entry: dict, files: set) -> None:
+    shape = entry["shape"]
+    if not all(isinstance(n, int) and n >= 0 for n in shape):
+        raise ValueError(f"shape {shape}")
+    np.dtype(entry["dtype"])
+    if not entry["pieces"]:
+        raise ValueError("no pieces")
+    for piece in entry["pieces"]:
+        if piece["file"] not in files:
+            raise ValueError(f"a piece in {piece['file']}, which is not among its parts")
+        box, flat = piece.get("box"), piece.get("flat")
+        if box is not None and (len(box) != len(shape) or not all(0 <= a <= b <= n for (a, b), n in zip(box, shape))):
+            raise ValueError(f"box {box} is not inside shape {shape}")
+        if flat is not None and not 0 <= flat[0] <= flat[1] <= int(np.prod(extent(shape, box), dtype=np.int64)):
+            raise ValueError(f"flat range {flat} is not inside its box")
 
 
 def differences(saved, mine, prefix: str = "") -> list[str]:
@@ -163,21 +254,14 @@ def differences(saved, mine, prefix: str = "") -> list[str]:
 
 
 def check_run(manifest: dict, run: dict, path) -> None:
-    """Refuse a checkpoint of another run (layout, model, dtype, schedule...), naming what differs."""
-    found = differences(manifest.get("run"), run)
+    """Refuse a checkpoint of another run (model, dtype, batch, schedule, precision, seed...),
+    naming what differs. The "layout" it was saved with may differ: loading reshards."""
+    def facts(run):
+        return {k: v for k, v in run.items() if k != "layout"} if isinstance(run, dict) else run
+
+    found = differences(facts(manifest.get("run")), facts(run))
     if found:
         raise ValueError(f"checkpoint {path} belongs to another run: " + "; ".join(found))
-
-
-def read_part(path, manifest: dict, rank: int, size: int) -> dict[str, np.ndarray]:
-    """Rank `rank`'s arrays, after checking the file's size, checksum, names, shapes and dtypes
-    against the manifest (`read_file`). Every error names the file."""
-    name = part_name(rank, size)
-    entry = next((p for p in manifest.get("parts", []) if p.get("file") == name), None)
-    if entry is None or len(manifest["parts"]) != size:
-        raise ValueError(f"{Path(path) / MANIFEST}: has {len(manifest.get('parts', []))} parts, "
-                         f"this job has {size} ranks (no entry for {name})")
-    return read_file(Path(path) / name, entry)
 
 
 def read_file(file: Path, entry: dict) -> dict[str, np.ndarray]:
@@ -205,6 +289,84 @@ def read_file(file: Path, entry: dict) -> dict[str, np.ndarray]:
     return state
 
 
+class Checkpoint:
+    """The global arrays of the checkpoint at `path`, for rank `rank` of the job that loads it.
+
+        read = Checkpoint(path, read_manifest(path), rank)
+        read("param.wte.weight")       # the whole (256, 32) array, from its pieces
+        read.local("rng.drop.rng")     # this rank's own array (`rankR.<name>`), None from another layout
+
+    A file is read, and checked against the manifest (`read_file`), the first time one of its
+    pieces is needed, then kept; `verify` checks files up front. `used` collects the names read."""
+
+    def __init__(self, path, manifest: dict, rank: int = 0, same_layout: bool = True):
+        self.path, self.manifest, self.rank, self.same_layout = Path(path), manifest, rank, same_layout
+        self.entries = {p["file"]: p for p in manifest["parts"]}
+        self.files: dict[str, dict[str, np.ndarray]] = {}
+        self.used: set[str] = set()
+
+    def global_names(self) -> set[str]:
+        """Every array of the serial run's state (not a rank's own)."""
+        return {name for name in self.manifest["arrays"] if not LOCAL.match(name)}
+
+    def verify(self, files) -> None:
+        for file in files:
+            self.part(file)
+
+    def part(self, file: str) -> dict[str, np.ndarray]:
+        if file not in self.files:
+            try:
+                self.files[file] = read_file(self.path / file, self.entries[file])
+            except (KeyError, TypeError) as why:  # an edited entry: its arrays are not [shape, dtype] pairs
+                raise ValueError(f"{self.path / MANIFEST}: the entry of {file} is malformed ({why!s})") from None
+        return self.files[file]
+
+    def __call__(self, name: str) -> np.ndarray:
+        entry = self.manifest["arrays"].get(name)
+        if entry is None:
+            raise ValueError(f"{self.path / MANIFEST}: has no array {name}")
+        shape, dtype = tuple(entry["shape"]), np.dtype(entry["dtype"])
+        pieces = []
+        for piece in entry["pieces"]:
+            file, box, flat = self.path / piece["file"], piece.get("box"), piece.get("flat")
+            data = self.part(piece["file"])
+            if name not in data:
+                raise ValueError(f"{file}: has no array {name}, though the manifest places a piece of it there")
+            array = data[name]
+            if array.dtype != dtype:  # stored as bits
+                if array.dtype != stored(np.zeros(0, dtype)).dtype:
+                    raise ValueError(f"{file}: array {name} is {array.dtype}, the manifest says {dtype}")
+                array = array.view(dtype)
+            if array.shape != extent(shape, box, flat):
+                raise ValueError(f"{file}: array {name} has shape {array.shape}, its piece of the {shape} array "
+                                 f"is {extent(shape, box, flat)}")
+            pieces.append((array, box, flat))
+        try:
+            full = assemble(shape, dtype, pieces)
+        except ValueError as why:
+            raise ValueError(f"{self.path / MANIFEST}: array {name}: {why}") from None
+        self.used.add(name)
+        return full
+
+    def local(self, name: str) -> np.ndarray | None:
+        """This rank's own array `name`, as this layout saved it; None if another layout saved
+        the checkpoint (missing on the same layout: an error)."""
+        key = f"rank{self.rank}.{name}"
+        if key in self.manifest["arrays"]:
+            return self(key)
+        if self.same_layout:
+            raise ValueError(f"{self.path / MANIFEST}: has no array {key} (this layout saves it)")
+        return None
+
+
+def consolidate(path) -> dict[str, np.ndarray]:
+    """Every global array of the checkpoint at `path`, whole, by global name; one process, no MPI.
+    `{k[6:]: v for k, v in consolidate(p).items() if k.startswith("param.")}` is the serial
+    model's state dict."""
+    read = Checkpoint(path, read_manifest(path))
+    return {name: read(name) for name in sorted(read.global_names())}
+
+
 # ----------------------------------------------------------------------------- the demo's --json and --save
 
 
@@ -213,6 +375,9 @@ def write_json(path: str, report: dict) -> None:
 
 
 def save_weights(path: str, state: dict) -> None:
+    """The final weights by name. A format an .npz cannot hold (bfloat16 would come back as raw
+    bytes, dtype |V2) is written as float32, which holds its values exactly."""
+    state = {k: np.asarray(v, dtype=np.float32) if np.asarray(v).dtype.kind == "V" else v for k, v in state.items()}
     replace_atomically(path, "wb", lambda f: np.savez(f, **state))
 
 

@@ -211,7 +211,10 @@ def is_tour(args, world_size: int) -> bool:
 def apply_layout_name(args, given: set[str]) -> None:
     """--layout NAME: the name's settings become the flags; a layout flag given as well is refused
     (which of the two would the user mean?)."""
-    layout = Layout.parse(args.layout)
+    try:
+        layout = Layout.parse(args.layout)
+    except ValueError as error:
+        raise ValueError(f"--layout {args.layout}: {error}") from None
     clash = sorted(given & set(LAYOUT_FLAGS))
     if clash:
         raise ValueError(f"--layout {args.layout} gives the whole layout: drop --{clash[0].replace('_', '-')}")
@@ -298,8 +301,11 @@ def resume(layout: Layout, args, config, trainer, world) -> tuple[int, object]:
     except (ValueError, OSError) as error:
         faults.fail(f"--checkpoint {args.checkpoint}: {error}")
     if first_step:
+        saved = checkpoint.read_manifest(checkpoint.latest(args.checkpoint))["run"].get("layout")
+        saved = saved.get("name") if isinstance(saved, dict) else saved
+        resharded = f", saved by {saved}: resharded to {layout}" if saved != str(layout) else ""
         world.print0(f"resuming from {args.checkpoint}: step {first_step} of {args.steps} "
-                     f"(checkpoint {checkpoint.step_name(first_step)})")
+                     f"(checkpoint {checkpoint.step_name(first_step)}{resharded})")
 
     def before_step(step: int) -> None:
         if step > first_step and step % args.checkpoint_every == 0:
@@ -310,13 +316,15 @@ def resume(layout: Layout, args, config, trainer, world) -> tuple[int, object]:
 
 
 def run_facts(layout: Layout, args, config, world_size: int) -> dict:
-    """What a checkpoint must agree on to be resumed bit for bit: strategy, ranks, model, dtype,
-    and every flag that shapes the steps (the schedule's length too: the learning rate follows it)."""
-    flags = ("steps", "batch_size", "lr", "seed", "data", "accumulation", "microbatches", "schedule",
-             "virtual_stages", "balance", "precision", "cp_algorithm", "cp_split", "recompute", "segments")
-    return {"strategy": strategy(layout, isinstance(config, MoEConfig)), "layout": str(layout),
-            "world_size": world_size, "dtype": args.dtype, "config": config.to_dict(),
-            **{name: getattr(args, name, None) for name in flags}}
+    """What a checkpoint must agree on to be resumed: the model, dtype, precision, and every flag
+    that shapes the steps (the schedule's length too: the learning rate follows it). "layout" says
+    how the run was split (its name, strategy and ranks): recorded, not compared, since any layout
+    resumes any other's checkpoint (minidist/parallel/checkpointing.py reshards it); on the same
+    layout the resumed run repeats the uninterrupted one bit for bit, on another to rounding."""
+    flags = ("steps", "batch_size", "lr", "seed", "data", "precision", "initial_loss_scale", "loss_scale_window")
+    return {"dtype": args.dtype, "config": config.to_dict(), **{name: getattr(args, name, None) for name in flags},
+            "layout": {"name": str(layout), "strategy": strategy(layout, isinstance(config, MoEConfig)),
+                       "world_size": world_size}}
 
 
 def tour(args, config, task, world) -> list[dict]:

@@ -33,6 +33,7 @@ from minidist.model import GPTConfig
 from minidist.moe import MoEConfig
 from minidist.parallel.composed import mesh_name
 from minidist.parallel.context_parallel import check_context_parallel, context_parallel_name
+from minidist.parallel.context_stage import check_context_stage
 from minidist.parallel.expert_parallel import check_expert_parallel
 from minidist.parallel.pipeline_stage import check_pipeline_layout
 from minidist.parallel.schedules import SCHEDULES
@@ -123,8 +124,10 @@ class Layout:
                              f"mpirun -n {world_size} python -m minidist.demo --experts {config.num_experts} "
                              f"--dp {world_size} --ep {self.ep})")
         if self.world_size != world_size:
-            product = " x ".join(f"{a}={getattr(self, a)}" for a in AXES[:4] if getattr(self, a) > 1) or "serial"
-            raise ValueError(f"{product} needs {self.world_size} ranks, but this job has {world_size} "
+            given = [a for a in AXES[:4] if getattr(self, a) > 1]
+            flags = " ".join(f"--{a} {getattr(self, a)}" for a in given) or "serial"
+            product = " x ".join(f"{a}={getattr(self, a)}" for a in given) or "one rank"
+            raise ValueError(f"{flags}: {product} needs {self.world_size} ranks, but this job has {world_size} "
                              f"(run: mpirun -n {self.world_size} python -m minidist.demo --layout {self})")
         self._check_combination(config)
         self._check_sizes(config, batch_size, pad_vocab)
@@ -141,14 +144,9 @@ class Layout:
                                             ("--balance", self.balance), ("--accumulation", m > 1)) if on]
             if others:
                 raise ValueError(f"--experts combines with --dp and --ep only, not with {' '.join(others)}")
-        if c > 1:
-            others = [flag for flag, on in (("--tp", t > 1), ("--pp", p > 1), ("--zero", z),
-                                            ("--sequence-parallel", self.sequence_parallel),
-                                            ("--balance", self.balance), ("--naive-dp", self.naive_dp)) if on]
-            if others:
-                raise ValueError(f"--cp combines with --dp only, not {others[0]}")
-            if m > 1:
-                raise ValueError("--cp runs one step per batch: leave --accumulation 1")
+        if c > 1 and z >= 2:
+            raise ValueError(f"--zero {z} with --cp {c}: the mesh runs context parallelism with ZeRO 0-1 (stages "
+                             "2-3 would shard gradients that its micro-batches keep whole): use --zero 1")
         if z and d == 1:
             raise ValueError("--zero needs --dp N (ZeRO partitions the data-parallel replicas)")
         if z >= 2 and p > 1:
@@ -202,9 +200,9 @@ class Layout:
         if self.cp > 1:
             try:
                 check_context_parallel(config, self.cp, self.dp, None, batch_size, self.cp_algorithm, self.cp_split)
+                check_context_stage(config, self.cp, self.tp, self.cp_algorithm, self.cp_split, self.sequence_parallel)
             except ValueError as why:
                 raise ValueError(f"--cp {self.cp}: {why}") from None
-            return
         if isinstance(config, MoEConfig):
             check_expert_parallel(config, self.dp, self.ep, batch_size)
             return
@@ -358,8 +356,11 @@ def strategy(layout: Layout, moe: bool = False) -> str:
     d, t, p = layout.dp, layout.tp, layout.pp
     if moe:
         return "moe" if layout.world_size == 1 else f"dp{d}-ep{layout.ep}"
-    if layout.cp > 1:
-        return context_parallel_name(layout.cp, d, layout.cp_algorithm, layout.cp_split)
+    if layout.cp > 1:  # chapter 11's trainer for cp x dp alone; the mesh composes cp with the others
+        if t == 1 and p == 1 and not layout.zero and layout.microbatches == 1:
+            return context_parallel_name(layout.cp, d, layout.cp_algorithm, layout.cp_split)
+        return mesh_name(d, t, p, layout.zero, layout.sequence_parallel, layout.cp, layout.cp_algorithm,
+                         layout.cp_split)
     model_parallel = t > 1 or p > 1
     accumulating = p == 1 and layout.microbatches > 1  # tensor parallelism alone accumulates on the mesh
     if model_parallel and (d > 1 or (t > 1 and p > 1) or layout.precision != "fp32" or accumulating):

@@ -19,6 +19,7 @@ which trainer runs one is `layout.strategy`'s; here each is built. Every strateg
                   ... -zero1                         MeshZero1Trainer              9
                   dp2-tp2-zero2|3 (no pp)            zero_tensor's ZeRO over tp shards
     cp4, dp2-cp2  [-ulysses] [-contiguous]           ContextParallelTrainer        11
+    tp2-cp2 ...   cp with tp, pp, ZeRO-1 or m > 1    MeshTrainer (context_stage.py) 9, 11
     moe, dp4-ep2  with --experts E                   MoETrainer, ExpertParallelTrainer  11
 
 In 16 bits, tensor or pipeline parallelism alone runs on the mesh trainer (tp4, pp4), which
@@ -33,7 +34,7 @@ from minidist.moe import MoEConfig, MoETrainer
 from minidist.parallel import zero_tensor
 from minidist.parallel.balance import BalancedDataParallelTrainer
 from minidist.parallel.composed import MeshTrainerFor
-from minidist.parallel.context_parallel import ContextParallelTrainer
+from minidist.parallel.context_parallel import ContextParallelTrainer, context_parallel_name
 from minidist.parallel.data_parallel import DataParallelTrainer
 from minidist.parallel.expert_parallel import ExpertParallelTrainer
 from minidist.parallel.pipeline import PipelineTrainer
@@ -66,7 +67,7 @@ def build_trainer(layout: Layout, config, task, world, settings: OptimSettings, 
         return SerialTrainer(config, settings, task, batch_size, **common)
     if isinstance(config, MoEConfig):
         return ExpertParallelTrainer(config, settings, task, batch_size, group=world, ep=layout.ep, **common)
-    if layout.cp > 1:
+    if layout.cp > 1 and kind == context_parallel_name(layout.cp, layout.dp, layout.cp_algorithm, layout.cp_split):
         return ContextParallelTrainer(config, settings, task, batch_size, group=world, cp=layout.cp, dp=layout.dp,
                                       algorithm=layout.cp_algorithm, split=layout.cp_split, **common)
     if kind in ("dp", "dp-naive"):
@@ -96,7 +97,8 @@ def build_mesh_trainer(layout: Layout, config, task, world, settings: OptimSetti
         config, settings, task, batch_size, seed=seed, group=world, dp=layout.dp, tp=layout.tp, pp=layout.pp,
         microbatches=layout.microbatches, schedule=layout.schedule or "1f1b", virtual_stages=layout.virtual_stages,
         sequence_parallel=layout.sequence_parallel, bucket_cap_bytes=layout.bucket_kb * 1024,
-        fp32_grads=layout.fp32_grads, precision=layout.precision)
+        fp32_grads=layout.fp32_grads, precision=layout.precision, cp=layout.cp, cp_algorithm=layout.cp_algorithm,
+        cp_split=layout.cp_split)
 
 
 def apply_recompute(trainer, layout: Layout) -> None:

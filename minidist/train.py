@@ -21,6 +21,7 @@ from minidist.mixed_precision import MixedPrecisionAdamW, finish_step, to_low_pr
 from minidist.model import GPT, GPTConfig
 from minidist.optim import AdamW, clip_grad_norm_, lr_at, set_lr, weight_decay_groups
 from minidist.precision import autocast
+from minidist.reshard import Piece, box_of, checked, cut, global_shape, whole
 from minidist.tensor import graph_bytes
 
 
@@ -78,12 +79,15 @@ class Trainer(Protocol):
     beyond that (a pipeline's bubble, a balanced split), keyed as in the demo's --json; and
     `model` the whole model when this rank holds it (to sample from), else None.
 
-    Checkpoints: `checkpoint_state()` is *this rank's part* of the whole training state as flat
-    named arrays (its weights, its AdamW moments and step count, the state of every random
-    generator it holds: dropout masks repeat), no messages; `load_checkpoint_state(state)` puts
-    such a dict back, refusing any missing or extra name and any array of the wrong shape or
-    dtype (a cut array must never load by broadcasting). The data position is not in it: a
-    batch is a function of (seed, step), and the step is the checkpoint's (minidist/checkpoint.py).
+    Checkpoints (minidist/reshard.py): `global_state()` is *this rank's pieces* of the serial
+    run's training state, {global name: `Piece`} (its weights, AdamW moments and masters where its
+    shard sits in the serial arrays, the step count, the loss scale; and, `local`, every random
+    generator it holds: dropout masks repeat), no messages; `load_global_state(read)` takes it back
+    from `read(name)`, the whole global array, cutting this rank's piece as the trainer cut the
+    serial model at initialisation (any layout loads any other's), and its own generators from
+    `read.local(name)` (None when another layout saved them), no messages either; it refuses a
+    piece of the wrong shape or dtype (a cut array must never load by broadcasting). The data
+    position is not in it: a batch is a function of (seed, step), and the step is the checkpoint's.
 
     A strategy states that it is a Trainer by subclassing it, and inherits the defaults of the
     last two."""
@@ -99,9 +103,9 @@ class Trainer(Protocol):
 
     def num_parameters(self) -> int: ...
 
-    def checkpoint_state(self) -> dict[str, np.ndarray]: ...
+    def global_state(self) -> dict[str, Piece]: ...
 
-    def load_checkpoint_state(self, state: dict[str, np.ndarray]) -> None: ...
+    def load_global_state(self, read) -> None: ...
 
     def report(self) -> dict:
         return {}
@@ -156,21 +160,11 @@ class SerialTrainer(Trainer):
         is collective and returns the consolidated dict on rank 0)."""
         return self.model.state_dict()
 
-    def checkpoint_state(self) -> dict[str, np.ndarray]:
+    def global_state(self) -> dict[str, Piece]:
         return training_state(self.model, self.optimizer, self.scaler)
 
-    def load_checkpoint_state(self, state: dict[str, np.ndarray]) -> None:
-        load_training_state(self.model, self.optimizer, state, self.scaler)
-
-
-def scaler_state(scaler) -> dict[str, np.ndarray]:
-    """The loss scaler's state as `scaler.<key>` arrays (none when it is disabled)."""
-    return {f"scaler.{k}": np.asarray(v) for k, v in scaler.state_dict().items()} if scaler.enabled else {}
-
-
-def load_scaler_state(scaler, state: dict[str, np.ndarray]) -> None:
-    if scaler.enabled:
-        scaler.load_state_dict({k[len("scaler."):]: v for k, v in state.items() if k.startswith("scaler.")})
+    def load_global_state(self, read) -> None:
+        load_training_state(self.model, self.optimizer, read, self.scaler)
 
 
 def precision_report(precision: str, scaler) -> dict:
@@ -185,38 +179,58 @@ def precision_report(precision: str, scaler) -> dict:
 # ----------------------------------------------------------------------------- the training state
 
 
-def training_state(model, optimizer, scaler=None) -> dict[str, np.ndarray]:
-    """Everything a step changes, as flat named arrays: `param.<name>`, `optimizer.<name>.exp_avg`
-    (and `.exp_avg_sq`; zeros before a parameter's first update, as AdamW starts them; and
-    `.master`, the fp32 weight of a 16-bit one, chapter 10), `optimizer.step`,
-    `rng.<module>.<attribute>` for every generator (`generator_states`), and with a loss scaler
-    its `scaler.<key>` state."""
-    state = {f"param.{name}": p.data for name, p in model.named_parameters()}
-    names = {id(p): name for name, p in model.named_parameters()}
+def training_state(module, optimizer, scaler=None, tp_rank: int = 0, copies=()) -> dict[str, Piece]:
+    """Everything a step changes, as pieces of the serial run's arrays (minidist/reshard.py):
+    `param.<name>`, `exp_avg.<name>` and `exp_avg_sq.<name>` (zeros before a parameter's first
+    update, as AdamW starts them), `master.<name>` (the fp32 weight of a 16-bit one, chapter 10),
+    `step`, the loss scaler's `scaler.<key>`, and every generator as a local `rng.<module>.<attribute>`.
+    `module` holds whole parameters or tensor-parallel shards (at `tp_rank`, chapter 6), under the
+    serial names; `copies` are parameters another rank writes (a pipeline's second tied embedding)."""
+    names = {id(p): name for name, p in module.named_parameters()}
+    state = {}
     for p, moments in zip(optimizer.params(), optimizer.state):
+        if any(p is copy for copy in copies):
+            continue
+        name, box, shape = names[id(p)], box_of(p, p.shape, tp_rank), global_shape(p, p.shape)
         master = moments.get("master")  # mixed precision: the fp32 weight the update continues from
-        for key in ("exp_avg", "exp_avg_sq"):
-            state[f"optimizer.{names[id(p)]}.{key}"] = moments.get(key, np.zeros_like(p.data if master is None else master))
-        if master is not None:
-            state[f"optimizer.{names[id(p)]}.master"] = master
-    state["optimizer.step"] = np.array(optimizer.step_count)
-    return {**state, **generator_states(model), **(scaler_state(scaler) if scaler is not None else {})}
+        updated = p.data if master is None else master
+        arrays = {"param": p.data, "exp_avg": moments.get("exp_avg", np.zeros_like(updated)),
+                  "exp_avg_sq": moments.get("exp_avg_sq", np.zeros_like(updated)), "master": master}
+        state.update({f"{kind}.{name}": Piece(a, shape, box) for kind, a in arrays.items() if a is not None})
+    state["step"] = whole(np.array(optimizer.step_count))
+    return {**state, **scaler_state(scaler), **generator_state(module)}
 
 
-def load_training_state(model, optimizer, state: dict[str, np.ndarray], scaler=None) -> None:
-    """Put `training_state`'s arrays back (exact names, shapes and dtypes, or an error)."""
-    expected = training_state(model, optimizer, scaler)
-    check_arrays(expected, state)
-    if scaler is not None:
-        load_scaler_state(scaler, state)
-    for name, p in model.named_parameters():
-        p.data[...] = state[f"param.{name}"]
-    names = {id(p): name for name, p in model.named_parameters()}
+def load_training_state(module, optimizer, read, scaler=None, tp_rank: int = 0) -> None:
+    """Put `training_state` back from `read(name)` (the whole global array): each parameter cuts
+    its piece (its tensor-parallel box at `tp_rank`); shapes and dtypes must match exactly."""
+    names = {id(p): name for name, p in module.named_parameters()}
     for i, p in enumerate(optimizer.params()):
-        keys = ("exp_avg", "exp_avg_sq") + (("master",) if "master" in optimizer.state[i] else ())
-        optimizer.state[i] = {key: state[f"optimizer.{names[id(p)]}.{key}"].copy() for key in keys}
-    optimizer.step_count = int(state["optimizer.step"])
-    load_generator_states(model, state)
+        name, box = names[id(p)], box_of(p, p.shape, tp_rank)
+
+        def mine(kind: str, like: np.ndarray) -> np.ndarray:
+            return checked(cut(read(f"{kind}.{name}"), box), like, f"{kind}.{name}")
+
+        p.data[...] = mine("param", p.data)
+        master = optimizer.state[i].get("master")
+        updated = p.data if master is None else master
+        moments = {key: mine(key, updated).copy() for key in ("exp_avg", "exp_avg_sq")}
+        optimizer.state[i] = moments if master is None else {**moments, "master": mine("master", master).copy()}
+    optimizer.step_count = int(read("step"))
+    load_scaler_state(scaler, read)
+    load_generator_states(module, read)
+
+
+def scaler_state(scaler) -> dict[str, Piece]:
+    """The fp16 loss scaler's state as `scaler.<key>` (none when it is disabled, or absent)."""
+    if scaler is None or not scaler.enabled:
+        return {}
+    return {f"scaler.{k}": whole(v) for k, v in scaler.state_dict().items()}
+
+
+def load_scaler_state(scaler, read) -> None:
+    if scaler is not None and scaler.enabled:
+        scaler.load_state_dict({k: read(f"scaler.{k}") for k in scaler.state_dict()})
 
 
 def generators(module):
@@ -234,20 +248,14 @@ def generator_states(module) -> dict[str, np.ndarray]:
             for key, g in generators(module)}
 
 
-def load_generator_states(module, state: dict[str, np.ndarray]) -> None:
+def generator_state(module) -> dict[str, Piece]:
+    """The generators as this rank's own (local) pieces: they belong to its layout."""
+    return {key: whole(state, local=True) for key, state in generator_states(module).items()}
+
+
+def load_generator_states(module, read) -> None:
+    """Each generator back from `read.local`: saved by this rank of this layout, else left as seeded."""
     for key, g in generators(module):
-        g.bit_generator.state = json.loads(bytes(state[key]).decode())
-
-
-def check_arrays(expected: dict[str, np.ndarray], state: dict[str, np.ndarray]) -> None:
-    """Refuse a state whose names, shapes or dtypes differ from `expected` (generator states
-    are bytes of any length: their names are checked)."""
-    missing, extra = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
-    if missing or extra:
-        raise ValueError(f"the checkpoint's arrays do not fit this trainer: {len(missing)} missing "
-                         f"{missing[:3]}, {len(extra)} unexpected {extra[:3]}")
-    for name, mine in expected.items():
-        theirs = state[name]
-        if not name.startswith("rng.") and (theirs.shape != np.shape(mine) or theirs.dtype != np.asarray(mine).dtype):
-            raise ValueError(f"checkpoint array {name}: shape {theirs.shape} {theirs.dtype}, this trainer's "
-                             f"is {np.shape(mine)} {np.asarray(mine).dtype}")
+        state = read.local(key)
+        if state is not None:
+            g.bit_generator.state = json.loads(bytes(state).decode())

@@ -1,8 +1,17 @@
-"""What every strategy's test shares: the serial reference run, and how to compare with it.
+"""What every strategy's test shares: the serial reference run, and how to compare with it; and
+the two test tiers.
 
 Principle 1 of the book: every parallel layout reproduces the single-process run. Each
 strategy's test file runs its layouts under real mpiexec and compares them here, with the
 serial run made by `serial_run` and differences measured by `relative_difference`.
+
+The tiers. Plain `pytest` runs the quick tier, for a learner at work: the unit tests and at
+least one multi-rank run of every strategy under real mpiexec, a few minutes on 2 cores.
+`pytest --full` runs everything, as CI does: every other layout (more ranks, several nodes,
+TCP), the slow end-to-end runs, and every notebook. The quick tier deselects (it does not skip)
+the notebooks and whatever is marked `@pytest.mark.full`, a test or one of its parameters
+(`pytest.param(..., marks=pytest.mark.full)`, `layout(..., full=True)`). A file runs alone
+either way: `pytest tests/test_x.py` runs its quick tests, `pytest --full tests/test_x.py` all.
 """
 from __future__ import annotations
 
@@ -13,6 +22,28 @@ from minidist.data import make_task
 from minidist.model import GPTConfig
 from minidist.tensor import default_dtype
 from minidist.train import OptimSettings, SerialTrainer
+
+
+def pytest_addoption(parser):
+    parser.addoption("--full", action="store_true", default=False,
+                     help="the full tier: every test and every notebook, as CI runs them (default: the quick tier)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--full"):
+        return
+    quick, full_only = [], []
+    for item in items:
+        (full_only if item.path.suffix == ".ipynb" or item.get_closest_marker("full") else quick).append(item)
+    if full_only:
+        config.hook.pytest_deselected(items=full_only)
+        items[:] = quick
+
+
+def pytest_report_collectionfinish(config):
+    if config.getoption("--full"):
+        return "tier: full (every test and every notebook, as CI runs them); plain `pytest` runs the quick tier"
+    return "tier: quick (no notebooks, one multi-rank run per strategy); `pytest --full` runs everything, as CI does"
 
 
 def serial_run(config: dict, settings: dict, batch: int, steps: int, seed: int = 0, dtype: str = "float64",
@@ -58,10 +89,10 @@ def check_against_serial(results: list[dict], reference: dict, rtol: float = 1e-
     assert all(r["state"] is None for r in results[1:])  # the whole model lands on rank 0 only
 
 
-def layout(nprocs: int, nodes=None, tcp: bool = False):
+def layout(nprocs: int, nodes=None, tcp: bool = False, full: bool = False):
     """One launch of a module's multi-rank fixture: `nprocs` ranks on `nodes` nodes as MPI sees
-    them (`launch.run`; None: one, or MINIDIST_NODES), over TCP sockets if `tcp`. Its id names
-    it: "4", "4 on 2x2 tcp", "4 on 3+1"."""
+    them (`launch.run`; None: one, or MINIDIST_NODES), over TCP sockets if `tcp`; in the full tier
+    only if `full`. Its id names it: "4", "4 on 2x2 tcp", "4 on 3+1"."""
     from minidist.comm.launch import ranks_per_node
 
     name = str(nprocs)
@@ -69,7 +100,7 @@ def layout(nprocs: int, nodes=None, tcp: bool = False):
         per_node = ranks_per_node(nprocs, nodes)
         even = len(set(per_node)) == 1
         name += " on " + (f"{len(per_node)}x{per_node[0]}" if even else "+".join(map(str, per_node)))
-    return pytest.param((nprocs, nodes, tcp), id=name + (" tcp" if tcp else ""))
+    return pytest.param((nprocs, nodes, tcp), id=name + (" tcp" if tcp else ""), marks=[pytest.mark.full] if full else [])
 
 
 def ranks_on_each_node(comm) -> list[int]:

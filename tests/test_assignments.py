@@ -64,12 +64,24 @@ def points(report):
     return {r["name"]: r["points"] for r in report["assignments"]}
 
 
+def test_every_graded_test_is_in_the_quick_tier():
+    """The grader runs plain `pytest` on the graded node ids: a graded test marked `full` would be
+    deselected there and earn nothing (tests/conftest.py)."""
+    graded = [test for a in ASSIGNMENTS for test in a.tests if test.startswith("tests/")]
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                           "-o", "addopts=", *graded], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert graded and "deselected" not in proc.stdout, proc.stdout[-3000:]
+
+
+@pytest.mark.full  # grades every assignment: runs their tests, some under mpiexec
 def test_the_reference_earns_every_point():
     report = grade(ASSIGNMENTS, ROOT)
     assert points(report) == {a.name: a.points for a in ASSIGNMENTS}, report
     assert report["points"] == report["max_points"] == sum(a.points for a in ASSIGNMENTS)
 
 
+@pytest.mark.full
 def test_a_full_student_build_earns_nothing_and_the_report_says_why(tmp_path):
     build(tmp_path / "student", NAMES)
     out = tmp_path / "report.json"
@@ -85,6 +97,7 @@ def test_a_full_student_build_earns_nothing_and_the_report_says_why(tmp_path):
     assert "total" in proc.stdout and "0/23" in proc.stdout
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("restored", ["one_f_one_b", "tensor_parallel_f_g"])
 def test_restoring_one_solution_passes_exactly_that_assignment(tmp_path, restored):
     build(tmp_path, [name for name in NAMES if name != restored])

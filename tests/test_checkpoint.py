@@ -4,7 +4,8 @@ For each strategy the demo trains N steps straight; then the same command with -
 stopped at step N/2 (MINIDIST_KILL: a rank SIGKILLs itself) and run again, resuming; and a chaos
 run kills a seeded random rank at a seeded random step (sometimes inside a save) and is run
 again. Losses and final weights equal the uninterrupted run's, float64 with dropout on. Then
-the checks before loading: damaged, truncated, cut or foreign checkpoints are refused by name.
+the checks before loading: damaged, truncated, cut, edited or foreign checkpoints are refused by
+name (another layout is not another run: tests/test_checkpoint_reshard.py resumes across layouts).
 """
 import json
 import os
@@ -80,7 +81,8 @@ def chaos_plan(name: str, nprocs: int) -> str:
     return f"{rank}:{step}" + (":save" if step % K == 0 else "")
 
 
-@pytest.fixture(scope="module", params=list(STRATEGIES))
+@pytest.fixture(scope="module", params=[pytest.param(name, marks=[] if name == "dp" else [pytest.mark.full])
+                                        for name in STRATEGIES])  # data parallelism in the quick tier
 def runs(request, tmp_path_factory):
     """Per strategy: straight; stopped at N/2 and resumed; killed at random and rerun."""
     name = request.param
@@ -161,6 +163,7 @@ def one_line_error(proc) -> str:
     return lines[0]
 
 
+@pytest.mark.full
 def test_a_half_written_newer_checkpoint_is_ignored(saved, tmp_path):
     def half_written(step):  # a save of step 6 that died before its commit
         partial = step.parent / "step-000006.partial"
@@ -176,6 +179,7 @@ def test_a_half_written_newer_checkpoint_is_ignored(saved, tmp_path):
     assert all(np.array_equal(got[k], want[k]) for k in want) and set(got) == set(want)
 
 
+@pytest.mark.full
 def test_a_truncated_file_is_refused_by_name(saved, tmp_path):
     def truncate(step):
         part = step / checkpoint.part_name(1, 2)
@@ -185,6 +189,7 @@ def test_a_truncated_file_is_refused_by_name(saved, tmp_path):
     assert checkpoint.part_name(1, 2) in line and "truncated" in line
 
 
+@pytest.mark.full
 def test_corrupted_bytes_are_refused_by_name(saved, tmp_path):
     def flip(step):
         part = step / checkpoint.part_name(0, 2)
@@ -196,35 +201,59 @@ def test_corrupted_bytes_are_refused_by_name(saved, tmp_path):
     assert checkpoint.part_name(0, 2) in line and "checksum mismatch" in line
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("manifest_agrees", [False, True])
 def test_arrays_cut_to_size_1_are_refused(saved, tmp_path, manifest_agrees):
-    """Cut arrays would broadcast into the weights: refused by the manifest's shapes, and, where
-    the manifest was rewritten to match, by the trainer's own shapes."""
+    """Cut arrays would broadcast into the weights: refused by the part's listed shapes, and, where
+    the part's listing was rewritten to match, by the place of each piece in its global array.
+    (Rank 0's part: data-parallel copies are written once, by the lowest rank.)"""
     def cut(step):
-        part = step / checkpoint.part_name(1, 2)
-        state = {k: (v.ravel()[:1] if not k.startswith("rng.") and v.ndim else v) for k, v in np.load(part).items()}
+        part = step / checkpoint.part_name(0, 2)
+        state = {k: (v.ravel()[:1] if not checkpoint.LOCAL.match(k) and v.ndim else v)
+                 for k, v in np.load(part).items()}
         data = checkpoint.npz_bytes(state)
         part.write_bytes(data)
         manifest = json.loads((step / "manifest.json").read_text())
-        entry = manifest["parts"][1]
+        entry = manifest["parts"][0]
         arrays = checkpoint.shapes(state) if manifest_agrees else entry["arrays"]
         entry.update(checkpoint.describe(data, state), arrays=arrays)
         (step / "manifest.json").write_text(json.dumps(manifest))
 
     line = one_line_error(resume_copy(saved, tmp_path, cut))
-    assert checkpoint.part_name(1, 2) in line and "shape (1,)" in line
+    assert checkpoint.part_name(0, 2) in line and "shape (1,)" in line
 
 
+@pytest.mark.full
 def test_a_damaged_manifest_is_refused_by_name(saved, tmp_path):
     line = one_line_error(resume_copy(saved, tmp_path, lambda step: (step / "manifest.json").write_text('{"form')))
     assert "manifest.json" in line and "not valid JSON" in line
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("extra, difference", [
-    (["--zero", "1"], "strategy dp there, zero1 here"),
+    (["--lr", "0.001"], "lr 0.003 there, 0.001 here"),
+    (["--steps", "10"], "steps 8 there, 10 here"),
     (["--n-embd", "64"], "config.n_embd 32 there, 64 here"),
     (["--dtype", "float32"], "dtype float64 there, float32 here"),
 ])
 def test_a_checkpoint_of_another_run_is_refused_naming_the_difference(saved, tmp_path, extra, difference):
     line = one_line_error(resume_copy(saved, tmp_path, None, *extra))
     assert "belongs to another run" in line and difference in line
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("edit, words", [
+    (lambda arrays: arrays["param.wte.weight"]["pieces"][0].update(box=[[0, 999], [0, 32]]), "is not inside shape"),
+    (lambda arrays: arrays["step"]["pieces"].append(dict(arrays["step"]["pieces"][0])), "overlaps another piece"),
+    (lambda arrays: arrays.pop("param.wte.weight"), "has no array param.wte.weight"),
+])
+def test_an_edited_manifest_is_refused_in_one_line(saved, tmp_path, edit, words):
+    """A piece outside its array, two pieces of one place, an array gone: refused on every rank,
+    naming the manifest, before the trainer runs a step."""
+    def edited(step):
+        manifest = json.loads((step / "manifest.json").read_text())
+        edit(manifest["arrays"])
+        (step / "manifest.json").write_text(json.dumps(manifest))
+
+    line = one_line_error(resume_copy(saved, tmp_path, edited))
+    assert "manifest.json" in line and words in line

@@ -1,13 +1,14 @@
-"""ZeRO's own sharded checkpoints (parallel/zero_checkpoint.py) are crash-safe too: a save into
-an existing directory never touches the checkpoint it replaces until layout.json points at the
-new shards, and a damaged shard is refused by name. One 2-rank launch."""
-import json
+"""ZeRO's chunks in the one checkpoint format (parallel/checkpointing.py), through the library's
+calls rather than the demo: a second save replaces the first only once it is complete, a save that
+died half-way is ignored, the consolidated arrays are the trainer's whole weights, and a damaged
+part is refused by name on every rank. One 2-rank launch."""
+import os
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from minidist import checkpoint
 from minidist.comm.launch import run
 from minidist.data import make_task
 from minidist.model import GPTConfig
@@ -16,6 +17,7 @@ from minidist.train import OptimSettings
 
 CONFIG = dict(vocab_size=256, block_size=16, n_layer=2, n_head=2, n_embd=16)
 SETTINGS = dict(lr=1e-2, steps=4, warmup=1, min_lr=1e-3)
+RUN = {"test": "zero2, 8 rows"}  # what the checkpoint belongs to (the demo's run facts)
 
 
 def trainer(world):
@@ -28,29 +30,31 @@ def trainer(world):
 def save_twice(directory):
     """Save after step 1 and again after step 2 into the same directory; return the weights."""
     from minidist.comm import get_world
+    from minidist.parallel import checkpointing
 
     world = get_world()
     with default_dtype("float64"):
         t = trainer(world)
         t.step(0)
-        t.save_checkpoint(directory)
-        first = json.loads((Path(directory) / "layout.json").read_text())["shards"]
+        checkpointing.save(directory, 1, t, RUN, world)
+        first = sorted(os.listdir(directory))
         t.step(1)
-        t.save_checkpoint(directory)
+        checkpointing.save(directory, 2, t, RUN, world)
         return first, t.state_dict()
 
 
 def load(directory):
     from minidist.comm import get_world
+    from minidist.parallel import checkpointing
 
     world = get_world()
     with default_dtype("float64"):
         t = trainer(world)
         try:
-            t.load_checkpoint(directory)
+            step = checkpointing.resume(directory, t, RUN, world)
         except ValueError as error:
             return str(error)
-        return t.state_dict()
+        return step, t.state_dict()
 
 
 @pytest.fixture(scope="module")
@@ -62,24 +66,33 @@ def saved(tmp_path_factory):
 
 def test_a_second_save_replaces_the_first_only_once_complete(saved):
     directory, first, state = saved
-    layout = json.loads((directory / "layout.json").read_text())
-    assert layout["step"] == 2 and layout["shards"] != first
-    assert sorted(p.name for p in directory.iterdir()) == sorted(["layout.json", layout["shards"]])
-    # a later save that died half-way: its folder exists, layout.json still points at step 2
-    stray = directory / "shards-000003-deadbeef"
+    assert first == ["step-000001"]
+    assert sorted(p.name for p in directory.iterdir()) == ["step-000002"]
+    # a later save that died half-way: its staging folder exists, half written, never read
+    stray = directory / "step-000003.partial"
     stray.mkdir()
-    (stray / "shard-00000-of-00002.npz").write_bytes(b"half a file")
-    loaded = run(load, 2, str(directory), timeout=120)[0]
+    (stray / checkpoint.part_name(0, 2)).write_bytes(b"half a file")
+    step, loaded = run(load, 2, str(directory), timeout=120)[0]
+    assert step == 2
     assert set(loaded) == set(state) and all(np.array_equal(loaded[k], state[k]) for k in state)
 
 
-def test_a_damaged_shard_is_refused_by_name_on_every_rank(saved, tmp_path):
+def test_the_consolidated_checkpoint_holds_the_whole_weights(saved):
+    """Each rank wrote its chunks; put together they are the trainer's full weights, serial keys."""
+    directory, _, state = saved
+    arrays = checkpoint.consolidate(directory / "step-000002")
+    weights = {k[len("param."):]: v for k, v in arrays.items() if k.startswith("param.")}
+    assert set(weights) == set(state) and all(np.array_equal(weights[k], state[k]) for k in state)
+    assert set(arrays) == {f"{kind}.{k}" for k in state for kind in ("param", "exp_avg", "exp_avg_sq")} | {"step"}
+
+
+def test_a_damaged_part_is_refused_by_name_on_every_rank(saved, tmp_path):
     directory, _, _ = saved
     copy = tmp_path / "ckpt"
-    shutil.copytree(directory, copy)
-    shard = copy / json.loads((copy / "layout.json").read_text())["shards"] / "shard-00001-of-00002.npz"
-    shard.write_bytes(shard.read_bytes()[:-10])
+    shutil.copytree(directory, copy, ignore=shutil.ignore_patterns("*.partial"))
+    part = copy / "step-000002" / checkpoint.part_name(1, 2)
+    part.write_bytes(part.read_bytes()[:-10])
     errors = run(load, 2, str(copy), timeout=60)  # every rank refuses: none waits for the others
     assert len(errors) == 2
     for error in errors:
-        assert "shard-00001-of-00002.npz: " in error and "the manifest says" in error
+        assert f"{checkpoint.part_name(1, 2)}: " in error and "the manifest says" in error

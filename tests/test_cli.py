@@ -37,6 +37,7 @@ CASES = [  # (program, flag, arguments, ranks)
     (DEMO, "--data", ["--data", "/dev/zero"], 1),
     (DEMO, "--data", ["--data", "empty.txt"], 1),
     (DEMO, "--log-every", ["--log-every", "-2"], 1),
+    (DEMO, "--layout", ["--layout", "dp2-banana"], 1),
     (DEMO, "--dp", ["--dp", "0"], 1),
     (DEMO, "--dp", ["--dp", "3"], 2),
     (DEMO, "--tp", ["--tp", "0"], 1),
@@ -172,6 +173,17 @@ def _id(case):
     return f"{' '.join(program[1:] or program)} {' '.join(arguments) or repr('')} n={ranks}"
 
 
+def quick_first(cases):
+    """The rows as parameters: in the quick tier the first row of one rank and the first under
+    mpiexec; every row in the full tier (each one starts a process or a job, about a second)."""
+    seen, params = set(), []
+    for case in cases:
+        ranks = case[3]
+        params.append(pytest.param(case, id=_id(case), marks=[pytest.mark.full] if ranks in seen else []))
+        seen.add(ranks)
+    return params
+
+
 def test_every_flag_of_every_program_has_a_case():
     """The table keeps up with the parsers: a new flag without a bad-value row fails here."""
     from minidist.bench import __main__ as bench
@@ -187,7 +199,7 @@ def test_every_flag_of_every_program_has_a_case():
         assert flags and flags <= covered, (program, sorted(flags - covered))
 
 
-@pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
+@pytest.mark.parametrize("case", quick_first(CASES))
 def test_a_bad_value_fails_in_one_line_before_any_work(case, tmp_path):
     program, flag, arguments, ranks = case
     (tmp_path / "empty.txt").write_bytes(b"")

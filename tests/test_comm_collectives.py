@@ -17,8 +17,9 @@ from conftest import layout, ranks_share_a_node
 
 from minidist.comm.launch import run
 
-ONE_NODE = [layout(1), layout(2), layout(3), layout(4)]  # one node, or MINIDIST_NODES
-SEVERAL_NODES = [layout(4, nodes=2, tcp=True), layout(4, nodes=[3, 1])]
+# One node (or MINIDIST_NODES); the quick tier launches 2 and 3 ranks (a power of two and not)
+ONE_NODE = [layout(1, full=True), layout(2), layout(3), layout(4, full=True)]
+SEVERAL_NODES = [layout(4, nodes=2, tcp=True, full=True), layout(4, nodes=[3, 1], full=True)]
 LAYOUTS = ONE_NODE + SEVERAL_NODES
 DTYPES = ["float16", "float32", "float64", "int32", "int64"]
 TOL = {"float16": 4e-3, "float32": 2e-6, "float64": 1e-13}  # relative to sum |x_i|

@@ -89,6 +89,8 @@ def check_hierarchical(seed):
 
 _cache = {}
 LAYOUTS = {"2x2 tcp": (4, 2, True), "3+1": (4, [3, 1], False), "one node": (3, 1, False)}
+# the quick tier launches 2 nodes x 2 ranks; the full tier each layout
+LAUNCHES = [pytest.param(name, marks=[] if name == "2x2 tcp" else [pytest.mark.full]) for name in LAYOUTS]
 
 
 def results_for(layout):
@@ -114,7 +116,7 @@ def tree_children(vr, p):
 
 # ------------------------------------------------------------------- the tests
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("layout", LAUNCHES)
 def test_matches_mpi_allreduce(layout):
     per_rank = [res[0] for res in results_for(layout)]
     assert len(per_rank) == LAYOUTS[layout][0]
@@ -124,8 +126,9 @@ def test_matches_mpi_allreduce(layout):
     assert not cases, f"{len(cases)} of {checked} cases failed, e.g. {cases[:5]}"
 
 
-@pytest.mark.parametrize("layout, world", [("2x2 tcp", "hierarchical"), ("3+1", "hierarchical"),
-                                           ("one node", "shared_memory")])
+@pytest.mark.parametrize("layout, world", [("2x2 tcp", "hierarchical"),
+                                           pytest.param("3+1", "hierarchical", marks=pytest.mark.full),
+                                           pytest.param("one node", "shared_memory", marks=pytest.mark.full)])
 def test_auto_picks_hierarchical_exactly_across_nodes_with_neighbours(layout, world):
     """auto: shared memory on one node; hierarchical across nodes when some node holds two or
     more of the group's ranks; else (one rank per node) the alpha-beta pick among messages."""
@@ -160,7 +163,7 @@ def cost_pick(n):
     return auto_algorithm(1 << 20, n)
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("layout", LAUNCHES)
 def test_traffic_matches_formula(layout):
     """Inside a node: the tree reduce sends S from every rank but the leader, the tree broadcast
     S to each child, so rank v of a node of p sends S (v > 0) + S x children(v) and receives the

@@ -56,6 +56,7 @@ def node_all_reduce():
     return x.tolist(), dist.choose_all_reduce("auto", node, x.nbytes)
 
 
+@pytest.mark.full
 def test_shared_memory_job_on_two_nodes_over_tcp_exits_cleanly():
     """The shared windows are freed before MPI_Finalize: left open, finalizing the TCP transport
     fails and the job exits non-zero although its results are right (`run` raises then)."""
@@ -93,6 +94,7 @@ def test_exception_on_one_rank_aborts_promptly_with_traceback():
     assert "1 rank(s) raised" in msg
 
 
+@pytest.mark.full
 def test_wait_timeout_names_rank_peer_tag():
     with pytest.raises(RankError) as info:
         run(wait_for_a_message_never_sent, 2, timeout=60, env={"MINIDIST_TIMEOUT": "1.5"})
@@ -101,6 +103,7 @@ def test_wait_timeout_names_rank_peer_tag():
     assert "recv of 24 bytes from rank 1, tag 42" in msg
 
 
+@pytest.mark.full
 def test_launch_timeout_kills_the_job():
     start = time.perf_counter()
     with pytest.raises(LaunchTimeout):
@@ -113,6 +116,7 @@ def mpiexec_python(code, n=2, timeout=60):
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.full
 def test_uncaught_exception_under_plain_mpiexec_aborts_with_one_traceback():
     # What the demo and the benchmarks do: faults.install(), then MPI's own blocking Recv on
     # the other ranks, which would hang forever (spinning) without the abort.

@@ -29,7 +29,7 @@ def mismatch_program():
     return out
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [2, pytest.param(3, marks=pytest.mark.full)])
 def test_algorithm_and_op_mismatches_raise_on_every_rank_showing_each_ranks_arguments(n):
     outs = run(mismatch_program, n, timeout=120)
     assert len(outs) == n

@@ -34,6 +34,7 @@ def queued_behind_an_async_all_reduce(wait_first: int):
     return "no timeout"
 
 
+@pytest.mark.full  # the collectives' tests check a timeout's words in the quick tier
 @pytest.mark.parametrize("wait_first", [0, 1], ids=["the-first-call", "the-call-queued-behind-it"])
 def test_a_timeout_reports_the_seconds_really_waited(wait_first):
     message = run(queued_behind_an_async_all_reduce, 2, wait_first, timeout=60)[0]

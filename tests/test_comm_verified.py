@@ -60,7 +60,7 @@ def verified_program():
     return out
 
 
-@pytest.fixture(scope="module", params=[2, 3])
+@pytest.fixture(scope="module", params=[2, pytest.param(3, marks=pytest.mark.full)])
 def results(request):
     return request.param, run(verified_program, request.param, timeout=120)
 

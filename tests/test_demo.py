@@ -47,6 +47,7 @@ def test_serial_demo_writes_json_and_weights(tmp_path):
     model.load_state_dict(saved)
 
 
+@pytest.mark.full
 def test_demo_learns_the_sorting_task(tmp_path):
     out = tmp_path / "run.json"
     proc = demo("--steps", "60", "--json", str(out), "--lr", "3e-3", *SMALL)
@@ -58,10 +59,12 @@ def test_demo_learns_the_sorting_task(tmp_path):
 
 @pytest.mark.parametrize("flags, message", [
     (["--n-embd", "130"], "--n-embd 130 is not divisible by --n-head 4"),
-    (["--block-size", "8"], "block_size >= 16"),
-    (["--steps", "0"], "argument --steps: expected an integer >= 1, got '0'"),
-    (["--data", "/no/such/file"], "no task or file named"),
-    (["--bogus"], "unrecognized arguments: --bogus"),
+    *(pytest.param(*case, marks=pytest.mark.full) for case in [
+        (["--block-size", "8"], "block_size >= 16"),
+        (["--steps", "0"], "argument --steps: expected an integer >= 1, got '0'"),
+        (["--data", "/no/such/file"], "no task or file named"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
+    ]),
 ])
 def test_bad_flags_fail_with_one_line(flags, message):
     proc = demo(*flags)
@@ -71,15 +74,17 @@ def test_bad_flags_fail_with_one_line(flags, message):
 
 
 @pytest.mark.parametrize("nprocs, flags, message", [
-    (4, ["--dp", "3"], "layout dp3: dp=3 needs 3 ranks, but this job has 4"),
-    (2, ["--tp", "2", "--n-head", "1", "--n-embd", "32"], "n_head=1"),
-    (2, ["--pp", "2", "--n-layer", "1"], "needs at least 2 layers"),
-    (2, ["--pp", "2", "--batch-size", "6", "--microbatches", "4"], "not divisible by dp=1 x 4 micro-batches"),
-    (2, ["--zero", "2"], "--zero needs --dp N"),
     (2, ["--dp", "2", "--tp", "2"], "dp=2 x tp=2 needs 4 ranks, but this job has 2 (run: mpirun -n 4"),
-    (4, ["--dp", "2", "--pp", "2", "--zero", "2"], "stages 2-3 shard the gradients"),
-    (4, ["--dp", "2", "--pp", "2", "--accumulation", "2"], "a pipeline's micro-batches are its accumulation"),
-    (4, ["--tp", "2", "--pp", "2", "--zero", "1"], "--zero needs --dp N"),
+    *(pytest.param(*case, marks=pytest.mark.full) for case in [
+        (4, ["--dp", "3"], "layout dp3: --dp 3: dp=3 needs 3 ranks, but this job has 4"),
+        (2, ["--tp", "2", "--n-head", "1", "--n-embd", "32"], "n_head=1"),
+        (2, ["--pp", "2", "--n-layer", "1"], "needs at least 2 layers"),
+        (2, ["--pp", "2", "--batch-size", "6", "--microbatches", "4"], "not divisible by dp=1 x 4 micro-batches"),
+        (2, ["--zero", "2"], "--zero needs --dp N"),
+        (4, ["--dp", "2", "--pp", "2", "--zero", "2"], "stages 2-3 shard the gradients"),
+        (4, ["--dp", "2", "--pp", "2", "--accumulation", "2"], "a pipeline's micro-batches are its accumulation"),
+        (4, ["--tp", "2", "--pp", "2", "--zero", "1"], "--zero needs --dp N"),
+    ]),
 ])
 def test_bad_layouts_fail_before_any_message(nprocs, flags, message):
     proc = demo(*flags, "--steps", "1", nprocs=nprocs)
@@ -88,6 +93,7 @@ def test_bad_layouts_fail_before_any_message(nprocs, flags, message):
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr  # one line, from rank 0
 
 
+@pytest.mark.full  # the tour runs each of these layouts too
 @pytest.mark.parametrize("flags, key", [
     (["--dp", "2", "--zero", "3"], None),
     (["--tp", "2"], None),
@@ -113,6 +119,7 @@ def test_each_layout_reproduces_serial_and_saves_full_weights(tmp_path, flags, k
         assert report["pipeline"]["bubble_theory"] == pytest.approx(1 / 3)
 
 
+@pytest.mark.full
 def test_composed_layout_reproduces_serial_and_reports_its_mesh(tmp_path):
     serial_out, serial_w = tmp_path / "s.json", tmp_path / "s.npz"
     out, weights = tmp_path / "p.json", tmp_path / "p.npz"
@@ -139,6 +146,7 @@ def test_composed_layout_reproduces_serial_and_reports_its_mesh(tmp_path):
     assert report["pipeline"]["stages"] == 2
 
 
+@pytest.mark.full
 def test_deepspeed_config_runs_its_layout(tmp_path):
     out = tmp_path / "ds.json"
     config = Path(__file__).parent.parent / "examples" / "frameworks" / "deepspeed_zero2.json"
@@ -150,6 +158,7 @@ def test_deepspeed_config_runs_its_layout(tmp_path):
     assert "not supported:" in proc.stdout
 
 
+@pytest.mark.full
 def test_precision_flag_trains_in_16_bits_with_master_weights(tmp_path):
     out = tmp_path / "fp16.json"
     proc = demo("--steps", "3", "--dp", "2", "--precision", "fp16", "--json", str(out), *SMALL, nprocs=2)
@@ -167,6 +176,7 @@ def test_precision_flag_trains_in_16_bits_with_master_weights(tmp_path):
         assert (ledger["params"], ledger["grads"], ledger["optimizer"]) == (2 * psi, 2 * psi, 12 * psi)
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("flags, ranks", [([], 1), (["--pp", "2", "--microbatches", "2", "--schedule", "gpipe"], 2)])
 def test_recompute_keeps_the_numbers_and_shrinks_the_activations(tmp_path, flags, ranks):
     common = ["--steps", "2", "--dtype", "float64", "--dropout", "0.1", *SMALL, *flags]
@@ -194,12 +204,14 @@ def serial_and_parallel(tmp_path, common: list, flags: list, nprocs: int) -> tup
     return want, got
 
 
+@pytest.mark.full
 def test_experts_split_over_ranks_reproduce_the_serial_mixture(tmp_path):
     common = ["--steps", "3", "--dtype", "float64", "--experts", "4", "--capacity-factor", "1.0", *SMALL]
     want, got = serial_and_parallel(tmp_path, common, ["--dp", "2", "--ep", "2"], nprocs=2)
     assert got["layout"]["ep"] == 2 and got["moe"]["dropped_tokens"] == want["moe"]["dropped_tokens"]
 
 
+@pytest.mark.full
 def test_context_parallel_layout_reproduces_serial(tmp_path):
     common = ["--steps", "3", "--dtype", "float64", *SMALL]
     _, got = serial_and_parallel(tmp_path, common, ["--cp", "2", "--cp-algorithm", "ulysses"], nprocs=2)
@@ -226,6 +238,7 @@ def test_tour_compares_strategies_with_serial(tmp_path):
     assert proc.stdout.count("| sample ") == 1 and "step    0 |" not in proc.stdout
 
 
+@pytest.mark.full
 def test_plain_kernels_give_the_fast_kernels_numbers(tmp_path):
     fast, plain = tmp_path / "fast.json", tmp_path / "plain.json"
     common = ["--steps", "3", "--dtype", "float64", *SMALL]
@@ -237,6 +250,7 @@ def test_plain_kernels_give_the_fast_kernels_numbers(tmp_path):
     np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-12)
 
 
+@pytest.mark.full
 def test_algorithm_flag_runs_a_strategy_over_the_named_all_reduce(tmp_path):
     serial_out, out = tmp_path / "s.json", tmp_path / "ring.json"
     common = ["--steps", "3", "--dtype", "float64", *SMALL]
@@ -248,6 +262,7 @@ def test_algorithm_flag_runs_a_strategy_over_the_named_all_reduce(tmp_path):
     np.testing.assert_allclose(report["losses"], serial["losses"], rtol=1e-9)
 
 
+@pytest.mark.full
 def test_each_rank_gets_its_share_of_the_cores_for_blas(tmp_path):
     """Without OMP_NUM_THREADS, BLAS would start a thread per core in every rank; the demo
     limits each rank to cores // ranks-on-this-machine and says so once."""
@@ -265,6 +280,7 @@ def test_each_rank_gets_its_share_of_the_cores_for_blas(tmp_path):
         assert said == []
 
 
+@pytest.mark.full
 def test_interleaved_pipeline_reproduces_serial(tmp_path):
     """--schedule interleaved: 2 ranks x 2 chunks each need 4 layers (SMALL has 2; the later flag wins)."""
     serial_out, serial_w = tmp_path / "s.json", tmp_path / "s.npz"
@@ -286,6 +302,7 @@ def test_interleaved_pipeline_reproduces_serial(tmp_path):
     assert pipeline["microbatches"] == 2 and pipeline["bubble_theory"] == pytest.approx(1 / 5)  # (p-1)/(v m+p-1)
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("flags, message", [
     (["--microbatches", "3", "--batch-size", "6"], "m=3 is not a multiple of pp=2"),
     (["--virtual-stages", "3"], "pp=2 stages x virtual_stages=3 = 6 chunks needs at least 6 layers"),
@@ -297,6 +314,7 @@ def test_bad_interleaved_layouts_fail_before_any_message(flags, message):
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
+@pytest.mark.full
 def test_demo_prints_the_node_layout_and_reproduces_serial_on_two_nodes(tmp_path):
     """MPICH's fork launcher with two made-up hosts: MPI sees two machines (chapter 2)."""
     serial_out, out = tmp_path / "s.json", tmp_path / "two.json"

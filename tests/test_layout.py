@@ -84,7 +84,7 @@ def test_names_parse_back():
     (Layout(dp=2, sequence_parallel=True), 2, "--sequence-parallel needs --tp N"),
     (Layout(dp=2, tp=2, balance=True), 4, "--balance needs --dp N alone"),
     (Layout(dp=4), 2, "dp=4 needs 4 ranks, but this job has 2"),
-    (Layout(cp=2, tp=2), 4, "--cp combines with --dp only, not --tp"),
+    (Layout(dp=2, cp=2, zero=2), 4, "--zero 2 with --cp 2"),
     (Layout(dp=3), 3, "not divisible by dp=3"),
     (Layout(dp=2, precision="bf16", fp32_grads=True, zero=1), 2, "--fp32-grads applies to data parallelism"),
     (Layout(dp=2, zero=3, recompute="full"), 2, "--recompute full is not built for the dp2-zero3"),
@@ -128,6 +128,7 @@ def run_demo(flags, ranks, path, batch):
     return dict(np.load(path))
 
 
+@pytest.mark.full  # five demo jobs; the quick tier runs the demo's tour
 def test_a_seeded_sample_of_planned_layouts_runs_equal_to_serial(tmp_path):
     batch = 12  # splits over 2, 3 and 4 replicas
     serial = run_demo([], 1, tmp_path / "serial.npz", batch)
@@ -140,6 +141,7 @@ def test_a_seeded_sample_of_planned_layouts_runs_equal_to_serial(tmp_path):
             assert np.max(np.abs(weights[name] - value)) / scale < 1e-9, (str(layout), name)
 
 
+@pytest.mark.full  # seven demo jobs
 def test_compositions_the_frameworks_use_run_equal_to_serial(tmp_path):
     """ZeRO 1-3 with gradient accumulation (alone and over a tensor-parallel mesh), tensor
     parallelism with accumulation, and a DeepSpeed config of ZeRO-1 with two accumulation steps,
@@ -156,3 +158,17 @@ def test_compositions_the_frameworks_use_run_equal_to_serial(tmp_path):
         for name, value in serial.items():
             scale = max(np.max(np.abs(value)), 1e-2)
             assert np.max(np.abs(weights[name] - value)) / scale < 1e-9, (flags, name)
+
+
+@pytest.mark.full  # four demo jobs; tests/test_parallel_context_mesh.py runs the trainers in the quick tier
+def test_context_parallel_inside_the_mesh_runs_equal_to_serial(tmp_path):
+    """cp composed with tp, with a pipeline, and with ZeRO-1 over dp (the mesh's context stages),
+    through the demo's --layout, against the serial run in float64."""
+    batch = 8
+    serial = run_demo([], 1, tmp_path / "serial.npz", batch)
+    for i, name in enumerate(("tp2-cp2", "pp2-cp2-m2", "dp2-cp2-zero1-ulysses", "cp4-m2")):
+        layout = Layout.parse(name)
+        assert layout.why_invalid(DEMO, 4, batch) is None and strategy(layout) == name.replace("-m2", "")
+        weights = run_demo(["--layout", name], 4, tmp_path / f"{i}.npz", batch)
+        for key, value in serial.items():
+            assert np.max(np.abs(weights[key] - value)) / max(np.max(np.abs(value)), 1e-2) < 1e-9, (name, key)

@@ -184,6 +184,7 @@ def test_mesh_groups_on_four_ranks():
     _check_ranks(results, shapes)
 
 
+@pytest.mark.full
 def test_mesh_groups_on_eight_ranks():
     shapes = [(2, 2, 2), (1, 2, 4)]  # the second has middle stages (no embedding group)
     results = run(mesh_program, 8, shapes, timeout=120)
@@ -203,6 +204,7 @@ def placement_program(dp, tp, pp):
     return on_my_node, mesh.tp_group.size, [len(node) for node in dist.get_world().nodes()]
 
 
+@pytest.mark.full
 def test_tensor_parallel_ranks_share_a_node_on_two_nodes():
     """Ranks fill each machine in turn and tp ranks are adjacent: with 2 ranks per machine, every
     tp=2 group lies inside one machine (chapter 7: its all-reduces stay off the slow links)."""
@@ -247,7 +249,8 @@ def expert_mesh_program(dp, ep):
     return {name: tuple(mesh[name].comm.allgather(dist.get_world().rank)) for name in ("ep", "expert_dp", "dp_cp")}
 
 
-@pytest.mark.parametrize("world, ep", [(4, 2), (4, 4), (3, 1)])
+@pytest.mark.parametrize("world, ep", [(4, 2), pytest.param(4, 4, marks=pytest.mark.full),
+                                       pytest.param(3, 1, marks=pytest.mark.full)])
 def test_expert_groups_cut_the_dp_group_into_runs(world, ep):
     """Expert parallelism inside dp (as DeepSpeed-MoE and Megatron-Core place it): ep adjacent
     replicas share the experts, and the replicas of one expert shard lie ep apart."""

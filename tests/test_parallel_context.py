@@ -154,6 +154,7 @@ CASES = [(cp, algorithm, kind, causal) for cp in (4, 2) for algorithm in ALGORIT
          for causal in (True, False)]
 
 
+@pytest.mark.full  # the quick tier trains every layout instead (below)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"cp{c[0]}-{c[1]}-{c[2]}-{'causal' if c[3] else 'full'}")
 def test_attention_and_its_gradients_equal_serial(attention, serial_attention, case):
     reference = serial_attention[case[3]]
@@ -165,6 +166,7 @@ def test_attention_and_its_gradients_equal_serial(attention, serial_attention, c
             assert relative_difference(grad, full[:, :, positions]) < 1e-12
 
 
+@pytest.mark.full  # the quick tier trains every layout instead (below)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"cp{c[0]}-{c[1]}-{c[2]}-{'causal' if c[3] else 'full'}")
 def test_attention_traffic_matches_the_formula(attention, case):
     cp, algorithm = case[0], case[1]
@@ -180,6 +182,7 @@ def test_attention_traffic_matches_the_formula(attention, case):
         assert counts["total"]["bytes_received"] == formula["bytes"]  # a ring: as much in as out
 
 
+@pytest.mark.full  # the quick tier trains every layout instead (below)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"cp{c[0]}-{c[1]}-{c[2]}-{'causal' if c[3] else 'full'}")
 def test_attention_scores_and_memory_per_rank(attention, serial_attention, case):
     """Scores: the ring computes B·H·T²/N entries without a mask, whole blocks with one; Ulysses
@@ -227,6 +230,7 @@ def test_ring_attention_refuses_a_wrong_shape():
 def training_rank_program(layouts, config):
     from minidist.comm import get_world, traffic
     from minidist.data import make_task
+    from minidist.parallel import checkpointing
     from minidist.parallel.context_parallel import ContextParallelTrainer, context_parallel_traffic_per_step
     from minidist.tensor import default_dtype
     from minidist.train import OptimSettings
@@ -252,7 +256,7 @@ def training_rank_program(layouts, config):
             if label(layout) == "dp2-cp2":  # a checkpoint resumes the same run
                 resumed = ContextParallelTrainer(GPTConfig(**config), OptimSettings(**SETTINGS), task, BATCH, seed=0,
                                                  group=group, **layout)
-                resumed.load_checkpoint_state(trainer.checkpoint_state())
+                resumed.load_global_state(checkpointing.snapshot(trainer, group))
                 out["resumed"] = (trainer.step(STEPS), resumed.step(STEPS))
     return out
 

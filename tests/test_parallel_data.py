@@ -94,7 +94,8 @@ def serial():
     return reference["losses"], reference["state"]
 
 
-@pytest.fixture(scope="module", params=[layout(2), layout(3), layout(4), layout(4, nodes=2, tcp=True)])
+@pytest.fixture(scope="module", params=[layout(2), layout(3, full=True), layout(4, full=True),
+                                        layout(4, nodes=2, tcp=True, full=True)])
 def parallel(request):
     n, nodes, tcp = request.param
     results = run(dp_rank_program, n, VARIANTS, timeout=240, nodes=nodes, tcp=tcp)
@@ -174,20 +175,23 @@ def _demo(nprocs, *flags):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.full
 def test_batch_not_divisible_fails_before_training():
     proc = _demo(2, "--dp", "2", "--batch-size", "6", "--accumulation", "4", "--steps", "1")
     assert proc.returncode != 0
-    assert "--batch-size 6 (the global batch) is not divisible by dp=2 x accumulation=4" in proc.stderr
+    assert "--batch-size 6 (the global batch) is not divisible by dp=2 x 4 accumulation steps" in proc.stderr
     assert proc.stderr.count("error") == 1, proc.stderr  # one line, from rank 0 only
 
 
+@pytest.mark.full
 def test_layout_not_matching_world_fails_with_one_line():
     proc = _demo(4, "--dp", "3", "--steps", "1")
     assert proc.returncode != 0
-    assert "layout dp=3 needs 3 ranks, but this job has 4" in proc.stderr
+    assert "--dp 3: dp=3 needs 3 ranks, but this job has 4" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
+@pytest.mark.full
 def test_bench_dp_json_has_speedups_and_the_share_of_the_ceiling(tmp_path):
     """`python -m minidist.bench dp` (one short job): its JSON keeps its keys, and each dp row
     says what share of its ceiling it reached (a ratio of times, so between 0 and ~1.5)."""
@@ -314,7 +318,7 @@ def slow_rank_program(slow_rank, seconds_per_row):
         return {"rows": rows, "losses": losses, "state": trainer.state_dict()}
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [2, pytest.param(3, marks=pytest.mark.full)])
 def test_balancing_takes_rows_from_a_slow_rank_and_still_equals_serial(serial, n):
     from minidist.parallel.balance import RowBalancer
 
@@ -337,6 +341,7 @@ def test_balancing_takes_rows_from_a_slow_rank_and_still_equals_serial(serial, n
             assert relative_difference(result["state"][key], value) <= 1e-9, (n, rank, key)
 
 
+@pytest.mark.full
 def test_demo_balance_flag_reports_the_split_of_every_step(tmp_path):
     path = tmp_path / "run.json"
     proc = _demo(2, "--dp", "2", "--balance", "--steps", "4", "--json", str(path))
@@ -345,7 +350,7 @@ def test_demo_balance_flag_reports_the_split_of_every_step(tmp_path):
     assert len(report["rows_per_rank"]) == 4 and report["rows_per_rank"][0] == [8, 8]
     assert all(sum(rows) == 16 and min(rows) >= 1 for rows in report["rows_per_rank"])
     proc = _demo(2, "--tp", "2", "--balance", "--steps", "1")
-    assert proc.returncode != 0 and "--balance needs --dp without --zero" in proc.stderr
+    assert proc.returncode != 0 and "--balance needs --dp N alone" in proc.stderr
 
 
 def test_a_proportional_straggler_works_in_proportion_to_its_own_compute():

@@ -37,6 +37,7 @@ def ep_rank_program(layouts, config, settings, steps, batch, resumed):
     from minidist.comm import get_world, traffic
     from minidist.data import make_task
     from minidist.moe import MoEConfig
+    from minidist.parallel import checkpointing
     from minidist.parallel.expert_parallel import ExpertParallelTrainer
     from minidist.tensor import default_dtype
     from minidist.train import OptimSettings
@@ -62,9 +63,9 @@ def ep_rank_program(layouts, config, settings, steps, batch, resumed):
             if layout == resumed:  # a checkpoint after step 1, loaded into a fresh trainer
                 first = make()
                 first.step(0)
-                saved = first.checkpoint_state()
+                saved = checkpointing.snapshot(first, get_world())  # the global arrays, whole
                 again = make()
-                again.load_checkpoint_state(saved)
+                again.load_global_state(saved)
                 out[label(layout)]["resumed"] = [again.step(s) for s in range(1, steps)]
     return out
 
@@ -109,6 +110,7 @@ def test_two_ranks_reproduce_the_serial_moe_run(two, serial, layout):
     check_moe_against_serial([rank[label(layout)] for rank in two], serial[layout["top_k"], layout["capacity_factor"]])
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("layout", FOUR, ids=label)
 def test_four_ranks_reproduce_the_serial_moe_run(four, serial, layout):
     check_moe_against_serial([rank[label(layout)] for rank in four], serial[layout["top_k"], layout["capacity_factor"]])
@@ -137,14 +139,15 @@ def slots_from_serial(routings, world: int, ep: int, rank: int) -> list[list[int
     return slots
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_all_to_all_traffic_is_its_formula(two, four, serial, world):
+@pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.full)])
+def test_all_to_all_traffic_is_its_formula(request, serial, world):
     """Per step and MoE layer, each rank sends 4 (dispatch, combine; forward, backward) x (ep-1)
     chunks of E/ep x S x C float64, and (W-1) x k x E int64 counts."""
+    launched = request.getfixturevalue("two" if world == 2 else "four")  # only the launch this world needs
     for layout in (TWO if world == 2 else FOUR):
         ep, config = layout["ep"], MoEConfig(**CONFIG, top_k=layout["top_k"], capacity_factor=layout["capacity_factor"])
         routings = serial[layout["top_k"], layout["capacity_factor"]]["routings"]
-        for rank, results in enumerate(two if world == 2 else four):
+        for rank, results in enumerate(launched):
             r, expected_slots = results[label(layout)], slots_from_serial(routings, world, ep, rank)
             assert r["report"]["expert_parallel"]["slots_per_expert"] == expected_slots, label(layout)
             formula = [expert_parallel_traffic(config, world, ep, s, 8) for s in expected_slots]
@@ -157,12 +160,14 @@ def test_all_to_all_traffic_is_its_formula(two, four, serial, world):
                 assert max(map(max, expected_slots)) <= min(capacity, tokens)
 
 
+@pytest.mark.full
 def test_resumed_from_a_checkpoint_continues_exactly(four):
     for rank in four:
         r = rank[label(RESUMED)]
         assert r["resumed"] == r["results"][1:]
 
 
+@pytest.mark.full
 def test_memory_holds_only_this_ranks_experts(four):
     config = MoEConfig(**CONFIG)
     h, E = CONFIG["n_embd"], CONFIG["num_experts"]

@@ -92,6 +92,7 @@ def test_every_factorisation_of_four_ranks_reproduces_serial(four, serial, layou
     check_against_serial([rank[label(layout)] for rank in four], serial["four", layout.get("tied", True)])
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("layout", EIGHT, ids=label)
 def test_dp2_tp2_pp2_on_eight_ranks_reproduces_serial(eight, serial, layout):
     check_against_serial([rank[label(layout)] for rank in eight], serial["eight", True])
@@ -192,6 +193,7 @@ def recompute_in_a_mesh():
     return out
 
 
+@pytest.mark.full
 def test_recomputation_composes_with_tensor_and_sequence_parallelism():
     """The recomputed blocks issue their tensor-parallel collectives again in backward, on every
     rank alike; dropout's masks are replayed: the same numbers bit for bit, fewer activations."""

@@ -82,7 +82,7 @@ def serial():
     return {True: serial_reference(True), False: serial_reference(False), ("n_layer", 8): serial_reference(True, 8)}
 
 
-@pytest.fixture(scope="module", params=[layout(2), layout(4), layout(4, nodes=2)])
+@pytest.fixture(scope="module", params=[layout(2), layout(4, full=True), layout(4, nodes=2, full=True)])
 def parallel(request):
     n, nodes, tcp = request.param
     return n, run(pp_rank_program, n, VARIANTS, INTERLEAVED[n], timeout=240, nodes=nodes, tcp=tcp)
@@ -215,6 +215,7 @@ def test_check_layout_without_mpi():
     assert partition(5, 2) == [(0, 3), (3, 5)] and partition(4, 4) == [(0, 1), (1, 2), (2, 3), (3, 4)]
 
 
+@pytest.mark.full
 def test_rank_error_names_the_problem():
     with pytest.raises(RankError, match="does not split into 3 micro-batches"):
         run(_bad_batch_program, 2, timeout=60, echo=False)

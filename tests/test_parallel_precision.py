@@ -107,7 +107,7 @@ def overflow_program():
     weights = []
     for step in range(5):
         trainer.step(step)
-        weights.append({k: v.copy() for k, v in trainer.checkpoint_state().items() if not k.startswith("rng.")})
+        weights.append({k: np.array(p.array, copy=True) for k, p in trainer.global_state().items() if not p.local})
     return {"history": trainer.scaler.history, "weights": weights}
 
 
@@ -116,6 +116,7 @@ def four():
     return run(mesh_program, 4, LAYOUTS, ["bf16", "fp16"], timeout=300)
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 @pytest.mark.parametrize("layout", LAYOUTS, ids=name)
 def test_composed_layouts_follow_serial_within_the_formats_bounds(four, precision, layout):
@@ -132,6 +133,7 @@ def test_composed_layouts_follow_serial_within_the_formats_bounds(four, precisio
         assert float(np.max(np.abs(got["state"][key] - value))) <= bound, key
 
 
+@pytest.mark.full
 def test_ledger_is_2_2_12_bytes_per_parameter_of_each_shard(four):
     """2 + 2 + 12 bytes per parameter of a rank's shard; under ZeRO with K = 12 over N ranks (of
     the padded units: each a multiple of N): stage 1 2 + 2 + 12/N, stage 2 2 + (2 + 12)/N,
@@ -154,6 +156,7 @@ def test_ledger_is_2_2_12_bytes_per_parameter_of_each_shard(four):
             assert (r["memory"]["master_weights"], r["memory"]["moments"]) == (4 * psi // n, 8 * psi // n)
 
 
+@pytest.mark.full
 def test_sixteen_bit_gradients_halve_the_dp_traffic(four):
     """dp = 2 sends this rank's gradient bytes once per step, plus the loss's 16 bytes (test_parallel_mesh);
     in 16 bits the gradient bytes are 2 per parameter."""
@@ -163,6 +166,7 @@ def test_sixteen_bit_gradients_halve_the_dp_traffic(four):
             assert r["traffic"]["dp"] == STEPS * (2 * r["params"] + 16)
 
 
+@pytest.mark.full
 def test_an_inf_on_one_rank_skips_the_step_on_every_rank():
     ranks = run(overflow_program, 4, timeout=300)
     for rank in ranks:
@@ -211,6 +215,7 @@ def fp32_gradient_program():
     return out
 
 
+@pytest.mark.full
 def test_fp32_gradients_of_16_bit_weights_cost_4_bytes_and_twice_the_dp_traffic():
     """Megatron-LM's --accumulate-allreduce-grads-in-fp32: micro-batches accumulate, and replicas
     average, in fp32. The gradients take 4 bytes per parameter instead of 2, and so do the bytes
@@ -243,6 +248,7 @@ def context_parallel_program(precisions):
     return out
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_context_parallel_follows_serial_within_the_formats_bounds(precision):
     """Each sequence split over cp = 2 ranks, dp = 2 replicas, in 16 bits: the same bounds."""
@@ -281,6 +287,7 @@ def moe_program(precisions):
     return out
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_expert_parallelism_follows_the_serial_mixture_within_the_formats_bounds(precision):
     """Experts over ep = 2 of 2 ranks in 16 bits: the router's softmax runs in fp32 (autocast's

@@ -269,7 +269,7 @@ def serial():
     return {name: serial_run(*_variant(name)[:2], BATCH, STEPS) for name in VARIANTS}
 
 
-@pytest.fixture(scope="module", params=[layout(2), layout(4), layout(4, nodes=2, tcp=True)])
+@pytest.fixture(scope="module", params=[layout(2), layout(4, full=True), layout(4, nodes=2, tcp=True, full=True)])
 def parallel(request):
     n, nodes, tcp = request.param
     return n, run(tp_rank_program, n, timeout=120, nodes=nodes, tcp=tcp)

@@ -2,7 +2,8 @@
 and with 4 ranks as 2 nodes x 2.
 
 One launch per world size runs every stage for a few float64 steps, then a checkpoint round
-trip (2 steps, save, a fresh trainer loads, 1 more step), and records memory and traffic. The
+trip (2 steps, save, a fresh trainer loads, 1 more step; one process resumes it too), and records
+memory and traffic. The
 serial reference runs here, in the test process, on the same global batches.
 """
 import numpy as np
@@ -24,6 +25,7 @@ STAGES = (1, 2, 3)
 
 def zero_rank_program(checkpoint_root):
     from minidist.comm import CollectiveMismatch, get_world, traffic
+    from minidist.parallel import checkpointing
     from minidist.parallel.zero import ZeroTrainer
 
     world = get_world()
@@ -45,9 +47,9 @@ def zero_rank_program(checkpoint_root):
             for s in range(STEPS - 1):
                 first.step(s)
             directory = f"{checkpoint_root}/dp{world.size}-zero{stage}"
-            first.save_checkpoint(directory)
+            checkpointing.save(directory, STEPS - 1, first, {}, world)
             resumed = trainer(stage)
-            resumed.load_checkpoint(directory)
+            checkpointing.resume(directory, resumed, {}, world)
             resumed_loss = resumed.step(STEPS - 1)[0]
             out[stage] = {
                 "losses": losses,
@@ -116,14 +118,15 @@ def test_resume_from_sharded_checkpoint_is_bit_for_bit(parallel, stage):
 
 
 def test_consolidated_checkpoint_loads_into_the_serial_model(parallel):
-    """The weights after 2 steps, consolidated from N shard files, are the serial run's."""
-    from minidist.parallel.zero_checkpoint import consolidate_checkpoint
+    """The weights after 2 steps, consolidated from N part files, are the serial run's."""
+    from minidist import checkpoint
 
     n, root, _ = parallel
     expected = serial_run(CONFIG, SETTINGS, BATCH, STEPS - 1)["state"]
     with default_dtype("float64"):
         for stage in STAGES:
-            state = consolidate_checkpoint(root / f"dp{n}-zero{stage}")
+            arrays = checkpoint.consolidate(checkpoint.latest(root / f"dp{n}-zero{stage}"))
+            state = {k[len("param."):]: v for k, v in arrays.items() if k.startswith("param.")}
             model = GPT(GPTConfig(**CONFIG))
             model.load_state_dict(state)  # strict: exactly the serial keys and shapes
             assert len(state) == len(expected)
@@ -131,19 +134,25 @@ def test_consolidated_checkpoint_loads_into_the_serial_model(parallel):
                 assert relative_difference(state[key], value) <= 1e-9, (n, stage, key)
 
 
-def test_checkpoint_from_another_layout_is_refused(parallel):
-    """A single-process (dp=1) trainer refuses the dp=N checkpoint, saying why."""
+def test_checkpoint_from_another_layout_is_resharded(parallel):
+    """A single-process (dp=1) ZeRO-1 trainer resumes each stage's dp=N checkpoint: it cuts its
+    one chunk from the saved pieces and takes the 3rd step as the N ranks did. A directory with
+    no complete checkpoint gives None: nothing to resume."""
+    from minidist.parallel import checkpointing
     from minidist.parallel.zero import ZeroTrainer
 
-    n, root, _ = parallel
+    n, root, results = parallel
     with default_dtype("float64"):
         task = make_task("sort", CONFIG["block_size"], seed=0)
-        trainer = ZeroTrainer(GPTConfig(**CONFIG), OptimSettings(**SETTINGS), task, BATCH, stage=1)
-        with pytest.raises(ValueError, match=f"written by dp={n} ranks, this job has dp=1"):
-            trainer.load_checkpoint(root / f"dp{n}-zero1")
-    (root / "incomplete").mkdir(exist_ok=True)
-    with pytest.raises(FileNotFoundError, match="no layout.json"):
-        trainer.load_checkpoint(root / "incomplete")
+        for stage in STAGES:
+            trainer = ZeroTrainer(GPTConfig(**CONFIG), OptimSettings(**SETTINGS), task, BATCH, stage=1)
+            assert checkpointing.resume(root / f"dp{n}-zero{stage}", trainer, {}, trainer.group) == STEPS - 1
+            loss = trainer.step(STEPS - 1)[0]
+            assert abs(loss - results[0][stage]["resumed_loss"]) <= 1e-10 * loss, (n, stage)
+            for key, value in results[0][stage]["resumed_state"].items():
+                assert relative_difference(trainer.state_dict()[key], value) <= 1e-9, (n, stage, key)
+        (root / "incomplete").mkdir(exist_ok=True)
+        assert checkpointing.resume(root / "incomplete", trainer, {}, trainer.group) is None
 
 
 def test_memory_per_stage_matches_the_formulas(parallel):

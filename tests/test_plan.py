@@ -322,7 +322,8 @@ def gpt3():
     return GPTConfig(**PRESETS["gpt3-175b"][0])
 
 
-@pytest.mark.parametrize("gpus", [512, 1024, 2048])
+@pytest.mark.parametrize("gpus", [pytest.param(512, marks=pytest.mark.full), pytest.param(1024, marks=pytest.mark.full),
+                                  2048])
 def test_gpt3_best_layouts_follow_megatron_rules_of_thumb(gpt3, gpus):
     """Narayanan et al. 2021, section 3.3: tensor parallelism up to the GPUs of a node, pipeline
     parallelism across nodes, data parallelism for the rest; the model-parallel size t·p just large

@@ -37,6 +37,7 @@ pytestmark = [
                        "apt-get update && apt-get install -y chromium (as root)"),
     # Executing every notebook takes minutes (seconds when build/site-cache has them).
     pytest.mark.timeout(1800),
+    pytest.mark.full,
 ]
 
 

@@ -9,8 +9,11 @@
     zero.py            chapter 8: ZeRO stage by stage (fsdp.py: stage 3's gathering)
     zero_partition.py  chapter 8: flat units cut into chunks, AdamW on a chunk
     mesh.py            chapter 9: the device mesh, pp x dp x tp, and each rank's groups
-    composed.py        chapter 9: DP x TP x PP on the mesh (tensor_stage.py: a pipeline stage of
-                       tensor-parallel layers; zero_tensor.py: ZeRO over dp of each tp shard)
+    composed.py        chapter 9: DP x TP x PP (x CP) on the mesh (tensor_stage.py: a pipeline stage of
+                       tensor-parallel layers; context_stage.py: a stage on a piece of every sequence;
+                       zero_tensor.py: ZeRO over dp of each tp shard)
+    context_parallel.py chapter 11: each sequence split over cp ranks, attention in a ring (ulysses.py:
+                       by all-to-all)
     expert_parallel.py chapter 11: experts split over ep ranks, tokens by all-to-all
-    checkpointing.py   saving and resuming any of them (zero_checkpoint.py: ZeRO's shards)
+    checkpointing.py   chapters 2, 8: saving any of them, resuming on any layout (one format, resharded)
 """

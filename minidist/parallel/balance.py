@@ -32,6 +32,7 @@ import time
 import numpy as np
 
 from minidist.parallel.data_parallel import DataParallelTrainer
+from minidist.reshard import whole
 
 
 def even_split(batch_size: int, world_size: int) -> list[int]:
@@ -123,28 +124,30 @@ class BalancedDataParallelTrainer(DataParallelTrainer):
     def report(self) -> dict:
         return {**super().report(), "rows_per_rank": self.splits}  # the demo's --json key
 
-    def checkpoint_state(self) -> dict[str, np.ndarray]:
-        """The replica's state, and the balancer's: the next split and the smoothed speeds."""
+    def global_state(self) -> dict:
+        """The replica's state, and the balancer's — the next split and the smoothed speeds — as
+        this rank's own (local) arrays: they belong to this layout, and come back only on it."""
         unmeasured = np.full(self.world.size, np.nan)  # before the first step
-        return {**super().checkpoint_state(), "balancer.rows": np.array(self.rows),
-                "balancer.per_row": unmeasured if self.balancer.per_row is None else self.balancer.per_row,
-                "balancer.fixed": unmeasured if self.balancer.fixed is None else self.balancer.fixed}
+        balancer = {"balancer.rows": np.array(self.rows),
+                    "balancer.per_row": unmeasured if self.balancer.per_row is None else self.balancer.per_row,
+                    "balancer.fixed": unmeasured if self.balancer.fixed is None else self.balancer.fixed}
+        return {**super().global_state(), **{k: whole(v, local=True) for k, v in balancer.items()}}
 
-    def load_checkpoint_state(self, state: dict[str, np.ndarray]) -> None:
-        state = dict(state)
-        rows = state.pop("balancer.rows")
-        if rows.shape != (self.world.size,) or rows.sum() != self.batch_size:
-            raise ValueError(f"checkpoint array balancer.rows: {rows.tolist()} is no split of {self.batch_size} "
-                             f"rows over {self.world.size} ranks")
-        per_row, fixed = state.pop("balancer.per_row"), state.pop("balancer.fixed")
-        for name, speeds in (("per_row", per_row), ("fixed", fixed)):
-            if speeds.shape != (self.world.size,):
-                raise ValueError(f"checkpoint array balancer.{name}: shape {speeds.shape}, this job needs "
-                                 f"({self.world.size},)")
-        super().load_checkpoint_state(state)
-        self.rows = self.balancer.rows = [int(r) for r in rows]
-        measured = not np.isnan(per_row).any()
-        self.balancer.per_row, self.balancer.fixed = (per_row.copy(), fixed.copy()) if measured else (None, None)
+    def load_global_state(self, read) -> None:
+        rows, per_row, fixed = (read.local(f"balancer.{k}") for k in ("rows", "per_row", "fixed"))
+        if rows is not None:  # saved by this layout (another starts from the even split)
+            if rows.shape != (self.world.size,) or rows.sum() != self.batch_size:
+                raise ValueError(f"checkpoint array balancer.rows: {rows.tolist()} is no split of {self.batch_size} "
+                                 f"rows over {self.world.size} ranks")
+            for name, speeds in (("per_row", per_row), ("fixed", fixed)):
+                if speeds is None or speeds.shape != (self.world.size,):
+                    raise ValueError(f"checkpoint array balancer.{name}: shape {np.shape(speeds)}, this job needs "
+                                     f"({self.world.size},)")
+        super().load_global_state(read)
+        if rows is not None:
+            self.rows = self.balancer.rows = [int(r) for r in rows]
+            measured = not np.isnan(per_row).any()
+            self.balancer.per_row, self.balancer.fixed = (per_row.copy(), fixed.copy()) if measured else (None, None)
 
     def forward_backward(self, x, y) -> tuple[float, float]:
         started, self.ddp.hook_seconds = time.perf_counter(), 0.0  # the bucketed wrapper's hooks add to it

@@ -1,69 +1,123 @@
-"""Saving and resuming a whole training run, on every rank of a job, whatever the strategy.
+"""Saving and resuming a whole training run, on every rank of a job, whatever the layout.
 
-Chapter 2 (nothing lost). Each trainer gives its rank's part of the training state
-(`Trainer.checkpoint_state()`); this file runs minidist/checkpoint.py's steps collectively:
+Chapter 2 (nothing lost) and chapter 8 (sharded states). Each trainer gives its rank's pieces of
+the serial run's state, `Trainer.global_state()` (minidist/reshard.py); this file runs
+minidist/checkpoint.py's steps collectively, and loads a checkpoint into any layout:
 
-    save(directory, step, trainer, run, group)     # staging dir; every rank writes its part;
-                                                   # barrier; rank 0 commits (atomic rename)
-    step = resume(directory, trainer, run, group)  # the newest complete checkpoint, validated
-                                                   # on every rank; None if there is none
+    save(directory, step, trainer, run, group)     # every rank's places gathered; copies written
+                                                   # once; every rank writes its part; barrier;
+                                                   # rank 0 commits (atomic rename)
+    step = resume(directory, trainer, run, group)  # the newest complete checkpoint, validated on
+                                                   # every rank, resharded; None if there is none
 
-`run` describes what the checkpoint belongs to (layout, model, dtype, schedule...): a checkpoint
-of another run is refused with the differences named. An error found on one rank (its file is
-damaged) is shared, so every rank stops with the same one-line message.
+Resharding is the trainer's own cut: `trainer.load_global_state(read)` gets whole global arrays
+from `read(name)` and keeps its piece, as it kept its piece of the serial model's initial weights.
+So dp4-zero3 saves and tp2-pp2, or one serial process, resumes. What a rank reads it checks (size,
+checksum, shapes), and every part file is checked by some rank; an array no rank reads is refused
+too (nothing is silently dropped).
+
+`run` describes what the checkpoint belongs to (model, dtype, batch, schedule...; its "layout"
+is recorded, not compared): a checkpoint of another run is refused with the differences named.
+An error found on one rank (its file is damaged) is shared, so every rank stops with the same
+one-line message. Loading sends no message of its own, so a half-loaded rank never hangs another.
+
+`snapshot(trainer, group)` is the same state in memory (every global array, whole, on every rank)
+and `trainer.load_global_state(snapshot)` takes it back: for tests and notebooks.
 
 `MINIDIST_KILL="rank:step"` makes that rank SIGKILL itself just before training step `step`
 (`"rank:step:save"`: inside the save of step `step`, after its part is written, before the
-commit): fault injection on the real path, for the chaos test.
+commit): fault injection on the real path, for the chaos tests.
 """
 from __future__ import annotations
 
 import os
 import signal
 
+import numpy as np
+
 from minidist import checkpoint
 from minidist.comm import barrier
-from minidist.train import check_arrays
+from minidist.reshard import InMemory, assemble
+
+
+def own_names(trainer, rank: int) -> dict:
+    """The trainer's pieces under their checkpoint names: a local piece becomes `rankR.<name>`."""
+    return {(f"rank{rank}.{name}" if piece.local else name): piece for name, piece in trainer.global_state().items()}
 
 
 def save(directory, step: int, trainer, run: dict, group) -> None:
     """Checkpoint the state after `step` steps. Collective: every rank of `group` calls it."""
-    state = trainer.checkpoint_state()
+    pieces = own_names(trainer, group.rank)
+    places = group.comm.allgather({name: piece.where() for name, piece in pieces.items()})  # small
+    writes, arrays = checkpoint.plan(places, group.size)  # the same on every rank
     if group.rank == 0:
         checkpoint.begin(directory, step)
     barrier(group)  # the staging directory exists, empty
     staging = checkpoint.staging(directory, step)
-    part = checkpoint.write_part(staging, group.rank, group.size, state)
+    part = checkpoint.write_part(staging, group.rank, group.size,
+                                 {name: pieces[name].array for name in writes[group.rank]})
     kill_if_asked(group.rank, step, "save")
     parts = group.comm.gather(part, root=0)  # also the barrier: every part is on disk
     if group.rank == 0:
-        checkpoint.commit(directory, staging, step, run, parts)
+        checkpoint.commit(directory, staging, step, {**run}, parts, arrays)
     barrier(group)  # nobody trains on (or exits) before the checkpoint is current
 
 
 def resume(directory, trainer, run: dict, group) -> int | None:
-    """Load the newest complete checkpoint into `trainer`; its step, or None if there is none.
-    Collective. Raises ValueError (the same on every rank) naming the file or the difference."""
+    """Load the newest complete checkpoint into `trainer`, whatever layout saved it; its step, or
+    None if there is none. Collective. Raises ValueError (the same on every rank) naming the file
+    or the difference."""
     path = checkpoint.latest(directory)
     if path is None:
         return None
-    error, step = None, None
-    try:
+    read = None
+
+    def prepare():
+        nonlocal read
         manifest = checkpoint.read_manifest(path)
         checkpoint.check_run(manifest, run, path)
-        state = checkpoint.read_part(path, manifest, group.rank, group.size)
-        try:  # before any rank loads: loading may be collective (ZeRO gathers the weights)
-            check_arrays(trainer.checkpoint_state(), state)
-        except ValueError as why:
-            raise ValueError(f"{path / checkpoint.part_name(group.rank, group.size)}: {why}") from None
-        step = int(manifest["step"])
+        read = checkpoint.Checkpoint(path, manifest, group.rank,
+                                     same_layout=manifest["run"].get("layout") == run.get("layout"))
+        read.verify([p["file"] for p in manifest["parts"]][group.rank::group.size])  # each file by some rank
+
+    agreed(prepare, group)
+    agreed(lambda: trainer.load_global_state(read), group)
+    used = set().union(*group.comm.allgather(read.used))
+    unused = sorted(read.global_names() - used)
+    if unused:
+        raise ValueError(f"{path / checkpoint.MANIFEST}: {len(unused)} arrays are used by no rank of this trainer "
+                         f"({', '.join(unused[:3])}{', ...' if len(unused) > 3 else ''}): a state it does not hold")
+    return int(read.manifest["step"])
+
+
+def agreed(work, group) -> None:
+    """Run `work` on every rank; a ValueError on any stops every rank with the same message."""
+    error = None
+    try:
+        work()
     except ValueError as why:
         error = str(why)
     errors = [e for e in group.comm.allgather(error) if e]  # one rank's damaged file stops them all
     if errors:
         raise ValueError(errors[0])
-    trainer.load_checkpoint_state(state)
-    return step
+
+
+def snapshot(trainer, group=None) -> InMemory:
+    """The trainer's state as a checkpoint holds it, in memory: every global array whole, on every
+    rank of `group` (collective; None: one process), and this rank's own (local) arrays."""
+    state = trainer.global_state()
+    mine = {name: (piece.where(), np.array(piece.array, copy=True)) for name, piece in state.items() if not piece.local}
+    everyone = group.comm.allgather(mine) if group is not None and group.size > 1 else [mine]
+    writes, _ = checkpoint.plan([{name: where for name, (where, _) in rank.items()} for rank in everyone],
+                                len(everyone))
+    pieces, kinds = {}, {}
+    for rank, names in enumerate(writes):  # copies once, as a save writes them
+        for name in names:
+            where, array = everyone[rank][name]
+            pieces.setdefault(name, []).append((array, where.get("box"), where.get("flat")))
+            kinds[name] = (tuple(where["shape"]), np.dtype(where["dtype"]))
+    arrays = {name: assemble(*kinds[name], pieces[name]) for name in pieces}
+    return InMemory(arrays, {name: np.array(piece.array, copy=True) for name, piece in state.items() if piece.local})
 
 
 def kill_if_asked(rank: int, step: int, phase: str = "train") -> None:

@@ -1,14 +1,18 @@
-"""Composed parallelism: data x tensor x pipeline on one device mesh (chapter 9).
+"""Composed parallelism: data x tensor x pipeline (x context) on one device mesh (chapter 9).
 
 Each strategy of chapters 3-8 cut one thing: the batch (DP), the matrices (TP), the layers (PP),
 the model states (ZeRO). Real training runs cut all of them at once — Megatron-LM's PTD-P
 trained a trillion-parameter GPT on tensor 8 x pipeline 64 x data 6 — and this is the one file
-that knows how they fit together. The mesh (`mesh.py`) gives each rank its place (pp, dp, tp)
-and a group per axis; then:
+that knows how they fit together. The mesh (`mesh.py`) gives each rank its place (pp, dp, cp,
+tp) and a group per axis; then:
 
     PP  the engine of chapter 5 (`PipelineTrainer`) runs the schedule over the pp group;
     TP  each stage is built from chapter 6's layers over the tp group (`tensor_stage.py`);
-    DP  each replica trains on its B/dp rows of the global batch, in m micro-batches.
+    DP  each replica trains on its B/dp rows of the global batch, in m micro-batches;
+    CP  (chapter 11, `cp > 1`) each sequence of them is split over the cp group: a rank holds
+        T/cp tokens, and its stages' attention rings over the cp group (`context_stage.py`).
+        Each rank's loss is its tokens' share of the micro-batch's mean, so the cp ranks'
+        gradients add up to the replica's (Megatron-LM's `--context-parallel-size`).
 
 What happens at the end of the step, in order, and why (`MeshTrainer.finish_gradients`):
 
@@ -22,10 +26,15 @@ What happens at the end of the step, in order, and why (`MeshTrainer.finish_grad
        traffic is 2(N-1)/N x (this rank's parameter bytes), not the whole model's.
        (Sums and averages are linear: any order gives the serial gradient. This one lets ZeRO-1
        work on whole gradients until its reduce-scatter.)
+       With cp, this step is where cp sits: the cp ranks of a replica hold the same weights, so
+       one all-reduce over the flattened dp x cp group (Megatron's "dp-cp") averages over both;
+       the loss was multiplied by cp before backward, so that average is the sum over cp and
+       the mean over dp. Steps 1 and 2 come before it on each cp rank's own tokens' gradients
+       (each is linear in them); ZeRO-1 cuts its chunks over the same dp x cp group.
     4. clipping: the norm of the *whole* model's gradient: each rank's squares (tp-split
        parameters always; replicated ones on tp rank 0 only; the tied copy on the first stage
-       only), summed over the tp group and then the pp group. The dp ranks hold equal copies
-       after step 1, so they are not summed.
+       only), summed over the tp group and then the pp group. The dp (and cp) ranks hold equal
+       copies after step 3, so they are not summed.
 
 Then every rank updates its shard with AdamW: `MeshTrainer` keeps a full AdamW per rank (DP),
 `MeshZero1Trainer` cuts its moments over the dp group (ZeRO-1, as Megatron-LM's distributed
@@ -35,7 +44,7 @@ persist across the micro-batches of a step, so each micro-batch would repeat the
 
 Parallel equals serial: every shard is cut from the serial model's initialisation, and every
 factorisation of the world reproduces the serial run's losses and weights
-(tests/test_parallel_mesh.py).
+(tests/test_parallel_mesh.py; with cp, tests/test_parallel_context_mesh.py).
 """
 from __future__ import annotations
 
@@ -50,25 +59,30 @@ from minidist.comm.world import World, resolve
 from minidist.data import accuracy
 from minidist.mixed_precision import finish_step, to_low_precision
 from minidist.model import GPTConfig
+from minidist.parallel.context_parallel import SequenceSplit
+from minidist.parallel.context_stage import ContextSplit, check_context_stage, context_parallel_stage
 from minidist.parallel.data_parallel import DistributedDataParallel
 from minidist.parallel.mesh import DeviceMesh, check_mesh, layout
 from minidist.parallel.pipeline import PipelineStage, PipelineTrainer, check_pipeline_layout, merge_stage_states
 from minidist.parallel.tensor_parallel import check_tensor_parallel, consolidate_state_dict, vocab_parallel_accuracy
 from minidist.parallel.tensor_stage import SequenceParallelStage, TensorParallelStage
-from minidist.parallel import zero_checkpoint
-from minidist.parallel.zero_partition import (ShardedAdamW, flat_parameters, make_units, master_chunks,
-                                              mixed_precision_step)
+from minidist.parallel.zero_partition import (ShardedAdamW, chunk_state, flat_parameters, load_chunk_state,
+                                              make_units, master_chunks, mixed_precision_step)
 from minidist.precision import autocast
 from minidist.tensor import get_default_dtype
-from minidist.train import (OptimSettings, load_training_state, make_optimizer, make_scaler, precision_report,
+from minidist.train import (OptimSettings, generator_state, load_generator_states, load_scaler_state,
+                            load_training_state, make_optimizer, make_scaler, precision_report, scaler_state,
                             training_state)
 
 
 def check_composed(config: GPTConfig, world_size: int, batch_size: int, dp: int = 1, tp: int = 1, pp: int = 1,
                    microbatches: int = 1, schedule: str = "1f1b", virtual_stages: int = 1,
-                   sequence_parallel: bool = False, zero: int = 0) -> None:
+                   sequence_parallel: bool = False, zero: int = 0, cp: int = 1, cp_algorithm: str = "ring",
+                   cp_split: str = "zigzag") -> None:
     """Every way a composed layout can be wrong, in one line, before any message (pure arithmetic)."""
-    check_mesh(world_size, dp, tp, pp, config, batch_size, microbatches)
+    check_mesh(world_size, dp, tp, pp, config, batch_size, microbatches, cp=cp)
+    if cp > 1:
+        check_context_stage(config, cp, tp, cp_algorithm, cp_split, sequence_parallel)
     check_tensor_parallel(config, tp, sequence_parallel)
     if sequence_parallel and tp == 1:
         raise ValueError("sequence parallelism needs tp > 1 (it splits what tensor parallelism replicates)")
@@ -80,36 +94,49 @@ def check_composed(config: GPTConfig, world_size: int, batch_size: int, dp: int 
 
 
 class MeshTrainer(PipelineTrainer):
-    """The serial training step on a pp x dp x tp mesh of the ranks of `group`.
+    """The serial training step on a pp x dp x cp x tp mesh of the ranks of `group`.
 
-    `dp * tp * pp` must be the group's size. tp = 1 stages are chapter 5's `PipelineStage`;
+    `dp * cp * tp * pp` must be the group's size. tp = 1 stages are chapter 5's `PipelineStage`;
     tp > 1 stages are `TensorParallelStage` (or `SequenceParallelStage`). pp = 1 is a one-stage
-    pipeline: the step is m micro-batches of gradient accumulation, then the update."""
+    pipeline: the step is m micro-batches of gradient accumulation, then the update. cp > 1
+    (chapter 11) runs each stage on this rank's T/cp tokens of every sequence, its attention by
+    `cp_algorithm` ("ring" or "ulysses") over the cp group, the tokens chosen by `cp_split`
+    ("zigzag" or "contiguous"); see `context_stage.py`."""
 
     zero = 0
 
     def __init__(self, config: GPTConfig, settings: OptimSettings, task, batch_size: int, seed: int = 0,
                  group: World | None = None, dp: int = 1, tp: int = 1, pp: int = 1, microbatches: int = 1,
                  schedule: str = "1f1b", virtual_stages: int | None = None, sequence_parallel: bool = False,
-                 bucket_cap_bytes: int = 1 << 20, precision: str = "fp32", fp32_grads: bool = False):
+                 bucket_cap_bytes: int = 1 << 20, precision: str = "fp32", fp32_grads: bool = False,
+                 cp: int = 1, cp_algorithm: str = "ring", cp_split: str = "zigzag"):
         world = resolve(group)
         v = virtual_stages if virtual_stages is not None else (2 if schedule == "interleaved" else 1)
         check_composed(config, world.size, batch_size, dp, tp, pp, microbatches, schedule, v, sequence_parallel,
-                       self.zero)
-        self.mesh = mesh = DeviceMesh(world, dp=dp, tp=tp, pp=pp)
+                       self.zero, cp, cp_algorithm, cp_split)
+        self.mesh = mesh = DeviceMesh(world, dp=dp, tp=tp, pp=pp, cp=cp)
         self.sequence_parallel, self.precision, self.fp32_grads = sequence_parallel, precision, fp32_grads
         self.scaler = make_scaler(precision, settings)
         # every tensor-parallel message's size follows from these facts: checked once (chapter 7)
         self.tp_group = mesh.tp_group.verify("the tensor-parallel layout",
                                              [config, tp, get_default_dtype().str, sequence_parallel])
+        # chapter 11: this rank's piece of every sequence; the ranks holding the same weights are then dp x cp
+        self.context = None if cp == 1 else ContextSplit(
+            mesh.cp_group.verify("the context-parallel layout", [config, cp, tp, cp_algorithm, cp_split,
+                                                                 get_default_dtype().str]),
+            SequenceSplit(config.block_size, cp, cp_split), cp_algorithm)
+        self.replica_group = mesh.dp_group if cp == 1 else mesh["dp_cp"]
         super().__init__(config, settings, task, batch_size, seed, group=mesh.pp_group, microbatches=microbatches,
                          schedule=schedule, virtual_stages=v)
-        self.name = mesh_name(dp, tp, pp, self.zero, sequence_parallel)
+        self.name = mesh_name(dp, tp, pp, self.zero, sequence_parallel, cp, cp_algorithm, cp_split)
         self.model = None  # no rank holds the whole model (tp = pp = 1 would: use the dp trainer)
         self.build_data_parallel(bucket_cap_bytes)
 
     def build_stage(self, config: GPTConfig, seed: int, virtual_stages: int):
-        if self.mesh.tp == 1:
+        if self.context is not None:  # the same stage on this rank's tokens (chapter 11)
+            stage = context_parallel_stage(self.context, config, self.tp_group, self.rank, self.stages, seed,
+                                           virtual_stages, self.sequence_parallel)
+        elif self.mesh.tp == 1:
             stage = PipelineStage(config, self.rank, self.stages, seed, virtual_stages)
         else:
             kind = SequenceParallelStage if self.sequence_parallel else TensorParallelStage
@@ -122,8 +149,8 @@ class MeshTrainer(PipelineTrainer):
         return make_optimizer(self.stage, settings, self.masters)
 
     def build_data_parallel(self, bucket_cap_bytes: int) -> None:
-        """Chapter 3's bucketed wrapper over the dp group, around this rank's stage shard."""
-        self.ddp = DistributedDataParallel(self.stage, self.mesh.dp_group, bucket_cap_bytes, timeline=self.timeline,
+        """Chapter 3's bucketed wrapper over the dp (x cp) group, around this rank's stage shard."""
+        self.ddp = DistributedDataParallel(self.stage, self.replica_group, bucket_cap_bytes, timeline=self.timeline,
                                            grad_dtype=np.float32 if self.fp32_grads else None)
 
     def accumulating(self):
@@ -135,12 +162,16 @@ class MeshTrainer(PipelineTrainer):
         with self.accumulating():
             loss, acc = super().step(step)  # the pipeline of this replica; finish_gradients inside
         stats = np.array([loss, acc])  # equal rows per replica: the mean of means is the mean
-        all_reduce(stats, op="avg", group=self.mesh.dp_group)
+        all_reduce(stats, op="avg", group=self.replica_group)
+        stats *= self.mesh.cp  # a cp rank's numbers are its tokens' shares: their sum over cp, not the mean
         return float(stats[0]), float(stats[1])
 
     def batch(self, step: int):
-        """This replica's B/dp rows of the global batch (the same on every tp and pp rank of it)."""
-        return self.task.get_batch(step, self.batch_size, self.mesh.place.dp, self.mesh.dp)
+        """This replica's B/dp rows of the global batch (the same on every tp and pp rank of it).
+        With cp: this rank's tokens of them, and the whole sequences' targets (the stage's head
+        takes its tokens' targets, and weighs their loss by their share of the counted ones)."""
+        x, y = self.task.get_batch(step, self.batch_size, self.mesh.place.dp, self.mesh.dp)
+        return (x, y) if self.context is None else (self.context.tokens(x), y)
 
     def activation_shape(self, rows: int, length: int) -> tuple:
         """With sequence parallelism a stage hands on its T/t tokens only."""
@@ -151,9 +182,19 @@ class MeshTrainer(PipelineTrainer):
             super()._forward(i, c)
 
     def backward_loss(self, loss):
-        return self.scaler.scale_loss(super().backward_loss(loss))  # fp32 and bf16: no scaling
+        loss = super().backward_loss(loss)
+        if self.context is not None:  # shares of the loss, averaged over dp x cp: x cp makes it their sum over cp
+            loss = loss * self.mesh.cp
+        return self.scaler.scale_loss(loss)  # fp32 and bf16: no scaling
 
     def accuracy(self, logits: np.ndarray, targets) -> float:
+        if self.context is not None:  # whole sequences' targets: my tokens' share of their accuracy
+            share = self.context.share(targets)
+            mine = self.token_accuracy(logits, self.context.tokens(targets))  # (a collective over tp: always)
+            return share * mine if share else 0.0
+        return self.token_accuracy(logits, targets)
+
+    def token_accuracy(self, logits: np.ndarray, targets) -> float:
         logits = np.asarray(logits, dtype=np.float32) if self.precision != "fp32" else logits
         if self.mesh.tp == 1:
             return accuracy(logits, targets)
@@ -207,27 +248,32 @@ class MeshTrainer(PipelineTrainer):
                     agree=lambda found_inf: any_rank(found_inf, self.mesh.world),
                     norm=lambda grads: self.norm_of(self.optimizer.params(), grads))
 
-    def checkpoint_state(self) -> dict[str, np.ndarray]:
-        return training_state(self.stage, self.optimizer, self.scaler)
+    def global_state(self) -> dict:
+        """This rank's shards as pieces of the serial arrays (where its tp box sits); the last
+        stage's copy of a tied embedding is the first stage's to write. No messages."""
+        return training_state(self.stage, self.optimizer, self.scaler, self.tp_group.rank, (self.stage.tied_copy(),))
 
-    def load_checkpoint_state(self, state: dict[str, np.ndarray]) -> None:
-        load_training_state(self.stage, self.optimizer, state, self.scaler)
+    def load_global_state(self, read) -> None:
+        load_training_state(self.stage, self.optimizer, read, self.scaler, self.tp_group.rank)
 
     # -- reports and state
     def report(self) -> dict:
         report = {"mesh": mesh_report(self.mesh), **precision_report(self.precision, self.scaler)}
         if self.stages > 1:
             report["pipeline"] = self.pipeline_report()
+        if self.context is not None:
+            report["context_parallel"] = self.context.report(self.config, self.batch_size // self.mesh.dp, self.mesh.tp,
+                                                             len(list(self.stage.h)))
         return report
 
     def state_dict(self) -> dict | None:
         """Collective. The serial model's state dict on world rank 0 (None elsewhere): shards glued
-        over each tp group, then the stages of replica 0 gathered."""
+        over each tp group, then the stages of replica 0 (cp rank 0) gathered."""
         if self.mesh.tp > 1:
             mine = consolidate_state_dict(self.stage)  # every tp rank takes part; tp rank 0 receives
         else:
             mine = self.stage.state_dict()
-        keep = self.mesh.place.dp == 0 and self.mesh.place.tp == 0
+        keep = self.mesh.place.dp == 0 and self.mesh.place.cp == 0 and self.mesh.place.tp == 0
         parts = self.mesh.world.comm.gather(mine if keep else None, root=0)  # small and once: pickle
         if self.mesh.world.rank != 0:
             return None
@@ -238,13 +284,14 @@ class MeshZero1Trainer(MeshTrainer):
     """The mesh with ZeRO-1 over the dp group: AdamW's moments cut into dp chunks of this rank's
     shard (Megatron-LM's `--use-distributed-optimizer`). Gradients still accumulate over the
     micro-batches in full; at the end of the step each unit is reduce-scattered (averaged) so
-    that a rank receives the chunk it updates, and the updated chunks are all-gathered."""
+    that a rank receives the chunk it updates, and the updated chunks are all-gathered. With cp,
+    the chunks are cut over the flattened dp x cp group: its ranks hold the same weights."""
 
     zero = 1
 
     def build_data_parallel(self, bucket_cap_bytes: int) -> None:
         """ZeRO-1's partition of chapter 8 (`zero_partition.py`), applied to this rank's stage shard."""
-        dp = self.mesh.dp_group
+        dp = self.replica_group
         self.units = make_units(self.stage, dp.size, dp.rank)  # no root unit on a middle stage
         # replicas of one shard cut the same units: checked once, then every collective is one line
         self.dp_group = dp.verify("the mesh's ZeRO units", [(u.name, u.padded, np.dtype(u.dtype).str) for u in self.units])
@@ -255,7 +302,7 @@ class MeshZero1Trainer(MeshTrainer):
         self.optimizer = ShardedAdamW(self.units, [flat[u.lo:u.hi] for u, flat in zip(self.units, self.param_buffers)],
                                       self.grad_chunks, self.settings.weight_decay,
                                       master_chunks(self.units, self.masters))  # 16-bit: fp32 masters (chapter 10)
-        self.module = self.stage  # what zero_checkpoint's per-rank state reads the generators from
+        self.module = self.stage  # the module that runs (its generators are in the checkpoint)
 
     def accumulating(self):
         return contextlib.nullcontext()
@@ -296,13 +343,17 @@ class MeshZero1Trainer(MeshTrainer):
         ledger["peak"] = ledger["params"] + ledger["grads"] + ledger["optimizer"] + ledger["activations"]
         return memory.with_masters_apart(ledger, self.optimizer.master_nbytes())
 
-    def checkpoint_state(self) -> dict[str, np.ndarray]:
-        """This rank's chunk of every unit (weights, moments, masters), the step count, its
-        generators and loss scale: ZeRO's own per-rank state (zero_checkpoint.py)."""
-        return zero_checkpoint.checkpoint_state(self)
+    def global_state(self) -> dict:
+        """This rank's chunk of every unit (weights, moments, masters) as pieces of the serial
+        arrays, the step count, its generators and loss scale, as Zero1Trainer's. No messages."""
+        return {**chunk_state(self.units, self.optimizer, self.tp_group.rank, (self.stage.tied_copy(),)),
+                **scaler_state(self.scaler), **generator_state(self.stage)}
 
-    def load_checkpoint_state(self, state: dict[str, np.ndarray]) -> None:
-        zero_checkpoint.load_checkpoint_state(self, state)  # collective over dp: the weights re-gathered
+    def load_global_state(self, read) -> None:
+        """The chunks cut from the whole arrays, the stage's full weights too: nothing gathered."""
+        load_chunk_state(self.units, self.optimizer, self.param_buffers, read, self.tp_group.rank)
+        load_scaler_state(self.scaler, read)
+        load_generator_states(self.stage, read)
 
 
 def MeshTrainerFor(zero: int = 0):
@@ -310,16 +361,26 @@ def MeshTrainerFor(zero: int = 0):
     return {0: MeshTrainer, 1: MeshZero1Trainer}[zero]
 
 
-def mesh_name(dp: int, tp: int, pp: int, zero: int = 0, sequence_parallel: bool = False) -> str:
-    """'dp2-tp2', 'tp2-pp2', 'dp2-tp2-pp2-zero1': the degrees above 1, in the mesh's order."""
-    parts = [f"{axis}{degree}" for axis, degree in (("dp", dp), ("tp", tp), ("pp", pp)) if degree > 1]
-    return "-".join(parts + (["sp"] if sequence_parallel else []) + ([f"zero{zero}"] if zero else [])) or "serial"
+def mesh_name(dp: int, tp: int, pp: int, zero: int = 0, sequence_parallel: bool = False, cp: int = 1,
+              cp_algorithm: str = "ring", cp_split: str = "zigzag") -> str:
+    """'dp2-tp2', 'tp2-pp2', 'dp2-tp2-pp2-zero1', 'tp2-cp2-ulysses': the degrees above 1 (dp, tp,
+    pp, cp, as a Layout's name), then sp and zero, then cp's choices where not the defaults."""
+    parts = [f"{axis}{degree}" for axis, degree in (("dp", dp), ("tp", tp), ("pp", pp), ("cp", cp)) if degree > 1]
+    parts += (["sp"] if sequence_parallel else []) + ([f"zero{zero}"] if zero else [])
+    if cp > 1:
+        parts += [choice for choice in (cp_algorithm, cp_split) if choice not in ("ring", "zigzag")]
+    return "-".join(parts) or "serial"
 
 
 def mesh_report(mesh: DeviceMesh) -> dict:
     """The demo's `mesh` JSON: the shape and every rank's place (no messages: pure arithmetic)."""
-    rows = layout(mesh.world.size, dp=mesh.dp, tp=mesh.tp, pp=mesh.pp)
-    return {"shape": {"pp": mesh.pp, "dp": mesh.dp, "tp": mesh.tp}, "order": "pp-dp-tp (tp fastest)",
-            "ranks": [{"rank": p.rank, "pp": p.pp, "dp": p.dp, "tp": p.tp, "tp_group": list(p.tp_group),
-                       "dp_group": list(p.dp_group), "pp_group": list(p.pp_group),
-                       "embedding_group": list(p.embedding) if p.embedding else None} for p in rows]}
+    rows = layout(mesh.world.size, dp=mesh.dp, tp=mesh.tp, pp=mesh.pp, cp=mesh.cp)
+    report = {"shape": {"pp": mesh.pp, "dp": mesh.dp, "tp": mesh.tp}, "order": "pp-dp-tp (tp fastest)",
+              "ranks": [{"rank": p.rank, "pp": p.pp, "dp": p.dp, "tp": p.tp, "tp_group": list(p.tp_group),
+                         "dp_group": list(p.dp_group), "pp_group": list(p.pp_group),
+                         "embedding_group": list(p.embedding) if p.embedding else None} for p in rows]}
+    if mesh.cp > 1:  # chapter 11's axis, between dp and tp
+        report["shape"]["cp"], report["order"] = mesh.cp, "pp-dp-cp-tp (tp fastest)"
+        for row, p in zip(report["ranks"], rows):
+            row.update(cp=p.cp, cp_group=list(p.cp_group))
+    return report

@@ -284,12 +284,13 @@ def ring_attention_traffic(batch: int, n_head: int, length: int, head_dim: int, 
 
 
 def context_parallel_traffic_per_step(config: GPTConfig, rows: int, cp: int, algorithm: str = "ring",
-                                      itemsize: int = 8) -> int:
+                                      itemsize: int = 8, tp: int = 1, layers: int | None = None) -> int:
     """Bytes a rank sends in its cp group per training step: one attention per layer, on the
-    replica's `rows` sequences."""
+    replica's `rows` sequences. In a mesh (chapter 9) a rank attends with its tp rank's H/tp
+    heads, in the `layers` blocks of its pipeline stage (default: all of them)."""
     traffic = ring_attention_traffic if algorithm == "ring" else ulysses_traffic
-    per_layer = traffic(rows, config.n_head, config.block_size, config.n_embd // config.n_head, cp, itemsize)
-    return config.n_layer * per_layer["bytes"]
+    per_layer = traffic(rows, config.n_head // tp, config.block_size, config.n_embd // config.n_head, cp, itemsize)
+    return (config.n_layer if layers is None else layers) * per_layer["bytes"]
 
 
 # ----------------------------------------------------------------------------- the model and the trainer
@@ -411,12 +412,13 @@ class ContextParallelTrainer(Trainer):
         """The serial model's state dict on rank 0 (every rank holds the same; no messages)."""
         return self.model.state_dict() if self.group.rank == 0 else None
 
-    def checkpoint_state(self) -> dict[str, np.ndarray]:
-        """This rank's whole training state (every rank holds a full copy: each writes its own)."""
+    def global_state(self) -> dict:
+        """This rank's whole training state (every rank holds a full copy: the checkpoint keeps
+        one, rank 0's)."""
         return training_state(self.model, self.optimizer, self.scaler)
 
-    def load_checkpoint_state(self, state: dict[str, np.ndarray]) -> None:
-        load_training_state(self.model, self.optimizer, state, self.scaler)
+    def load_global_state(self, read) -> None:
+        load_training_state(self.model, self.optimizer, read, self.scaler)
 
     def report(self) -> dict:
         """The demo's `context_parallel` JSON: the layout, every rank's visible score entries per

@@ -329,12 +329,13 @@ class DataParallelTrainer(Trainer):
     def state_dict(self) -> dict:
         return self.model.state_dict()
 
-    def checkpoint_state(self) -> dict[str, np.ndarray]:
-        """This replica's whole training state (every rank holds a full copy: each writes its own)."""
+    def global_state(self) -> dict:
+        """This replica's whole training state (every rank holds a full copy: the checkpoint
+        keeps one, rank 0's)."""
         return training_state(self.model, self.optimizer, self.scaler)
 
-    def load_checkpoint_state(self, state: dict[str, np.ndarray]) -> None:
-        load_training_state(self.model, self.optimizer, state, self.scaler)
+    def load_global_state(self, read) -> None:
+        load_training_state(self.model, self.optimizer, read, self.scaler)
 
     def report(self) -> dict:
         return precision_report(self.precision, self.scaler)

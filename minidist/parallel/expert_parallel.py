@@ -284,9 +284,10 @@ class ExpertParallelTrainer(Trainer):
                 whole[f"{head}.{q * local + i}.{tail}"] = value.copy()
         return whole if self.dp_group.rank == 0 else None
 
-    def checkpoint_state(self) -> dict[str, np.ndarray]:
-        """This rank's replicated parameters, its experts, their AdamW moments, its generators."""
+    def global_state(self) -> dict:
+        """This rank's replicated parameters and its experts (whole, under their global numbers),
+        their AdamW moments, its generators."""
         return training_state(self.local_model, self.optimizer, self.scaler)
 
-    def load_checkpoint_state(self, state: dict[str, np.ndarray]) -> None:
-        load_training_state(self.local_model, self.optimizer, state, self.scaler)
+    def load_global_state(self, read) -> None:
+        load_training_state(self.local_model, self.optimizer, read, self.scaler)

@@ -288,12 +288,13 @@ class PipelineTrainer(Trainer):
         """Parameters of the whole model (the tied weight once), as `GPT.num_parameters()`."""
         return memory.param_count(self.config)
 
-    def checkpoint_state(self) -> dict[str, np.ndarray]:
-        """This stage's weights (the last stage's copy of a tied wte too), moments, generators."""
-        return training_state(self.stage, self.optimizer)
+    def global_state(self) -> dict:
+        """This stage's weights, moments and generators (the last stage's copy of a tied wte is
+        the first stage's to write)."""
+        return training_state(self.stage, self.optimizer, copies=(self.stage.tied_copy(),))
 
-    def load_checkpoint_state(self, state: dict[str, np.ndarray]) -> None:
-        load_training_state(self.stage, self.optimizer, state)
+    def load_global_state(self, read) -> None:
+        load_training_state(self.stage, self.optimizer, read)  # the tied copy too
 
     def state_dict(self) -> dict:
         """Collective. Rank 0 gets the whole model's state dict (serial keys and shapes); the

@@ -95,10 +95,13 @@ class ParallelAttention(Module):
             return y.reshape(b, t, self.n_head_local, -1).permute(0, 2, 1, 3)
 
         q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
-        p = self.dropout_p if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, causal=True, dropout_p=p, rng=self.attn_rng)
+        y = self.core(q, k, v, self.dropout_p if self.training else 0.0)
         y = y.permute(0, 2, 1, 3).reshape(b, t, -1)  # this rank's heads side by side: C/t features
         return self.resid_dropout(self.c_proj(y))  # row-parallel: g inside
+
+    def core(self, q, k, v, dropout_p):
+        """softmax(q k^T / sqrt(d)) v on this rank's heads (context parallelism swaps it, chapter 11)."""
+        return F.scaled_dot_product_attention(q, k, v, causal=True, dropout_p=dropout_p, rng=self.attn_rng)
 
 
 class ParallelMLP(Module):
@@ -357,10 +360,11 @@ class TensorParallelTrainer(Trainer):
         """This rank's shards under the serial names (no communication)."""
         return self.local_model.state_dict()
 
-    def checkpoint_state(self) -> dict[str, np.ndarray]:
-        """This rank's shards, their AdamW moments, and its dropout generators (attention's
-        differs per rank: other heads, other masks)."""
-        return training_state(self.local_model, self.optimizer)
+    def global_state(self) -> dict:
+        """This rank's shards and their AdamW moments, each where it sits in the serial arrays
+        (its box along the split axis), and its dropout generators (attention's differs per rank:
+        other heads, other masks)."""
+        return training_state(self.local_model, self.optimizer, tp_rank=self.group.rank)
 
-    def load_checkpoint_state(self, state: dict[str, np.ndarray]) -> None:
-        load_training_state(self.local_model, self.optimizer, state)
+    def load_global_state(self, read) -> None:
+        load_training_state(self.local_model, self.optimizer, read, tp_rank=self.group.rank)

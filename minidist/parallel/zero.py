@@ -49,13 +49,15 @@ from minidist.comm.world import World, resolve
 from minidist.data import accuracy
 from minidist.mixed_precision import to_low_precision
 from minidist.model import GPT, GPTConfig
-from minidist.parallel import zero_checkpoint
 from minidist.parallel.fsdp import FullyShardedGPT
-from minidist.parallel.zero_partition import (FlatUnit, LiveBytes, ShardedAdamW, flat_parameters,  # noqa: F401
-                                              make_units, master_chunks, mixed_precision_step)
+from minidist.parallel.zero_partition import (FlatUnit, LiveBytes, ShardedAdamW, chunk_state,  # noqa: F401
+                                              flat_parameters, load_chunk_state, make_units, master_chunks,
+                                              mixed_precision_step)
 from minidist.precision import autocast
 from minidist.tensor import graph_bytes
-from minidist.train import OptimSettings, Trainer, make_scaler, precision_report
+from minidist.reshard import Piece
+from minidist.train import (OptimSettings, Trainer, generator_state, load_generator_states, load_scaler_state,
+                            make_scaler, precision_report, scaler_state)
 
 
 # ----------------------------------------------------------------------------- stage 1
@@ -68,7 +70,7 @@ class Zero1Trainer(Trainer):
         loss, acc = trainer.step(step)      # same numbers on every rank, = the serial run's
         trainer.memory()                    # this rank's live bytes by pile, and the peak
         trainer.state_dict()                # full weights, serial keys (collective: all ranks call)
-        trainer.save_checkpoint(dir); trainer.load_checkpoint(dir)   # sharded, atomic
+        trainer.global_state()              # this rank's chunks as pieces of the serial arrays
 
     `param_buffers`, `grad_buffers`: what this rank keeps between steps, one per unit — here
     full flat buffers (parameters and `.grad`s are views into them), so `.model` is the full GPT,
@@ -217,17 +219,20 @@ class Zero1Trainer(Trainer):
         """Full weights keyed like the serial model's."""
         return self.module.state_dict()
 
-    def save_checkpoint(self, directory) -> None:
-        zero_checkpoint.save_checkpoint(self, directory)  # sharded: collective, every rank calls it
+    tp_rank = 0  # where this rank's shards sit in the serial arrays (a DP x TP mesh: its tp rank)
 
-    def load_checkpoint(self, directory) -> None:
-        zero_checkpoint.load_checkpoint(self, directory)
+    def global_state(self) -> dict[str, Piece]:
+        """This rank's chunks as pieces of the serial arrays (`chunk_state`), its generators and
+        the loss scale: the one checkpoint format, which any layout can load. No messages."""
+        return {**chunk_state(self.units, self.optimizer, self.tp_rank), **scaler_state(self.scaler),
+                **generator_state(self.module)}
 
-    def checkpoint_state(self) -> dict[str, np.ndarray]:
-        return zero_checkpoint.checkpoint_state(self)  # this rank's chunks: no messages
-
-    def load_checkpoint_state(self, state: dict[str, np.ndarray]) -> None:
-        zero_checkpoint.load_checkpoint_state(self, state)  # collective: stages 1-2 gather the weights
+    def load_global_state(self, read) -> None:
+        """This rank's chunks cut from the whole arrays (stages 1-2 take their full weights the
+        same way, so nothing is gathered). No messages."""
+        load_chunk_state(self.units, self.optimizer, self.param_buffers, read, self.tp_rank)
+        load_scaler_state(self.scaler, read)
+        load_generator_states(self.module, read)
 
 
 # ----------------------------------------------------------------------------- stage 2
@@ -273,10 +278,14 @@ class Zero2Trainer(Zero1Trainer):
         unit = self.units[index]
         self.complete_partial_gradients(unit.params)
         bucket = unit.flatten([p.grad for p in unit.params])
-        self.live.add(bucket.nbytes + unit.chunk * bucket.itemsize)
-        self.grad_buffers[index] += reduce_scatter(bucket, op="avg", group=self.group)
-        self.live.sub(bucket.nbytes + unit.chunk * bucket.itemsize
-                      + sum(p.grad.nbytes for p in unit.params if p.grad is not None))
+        # one micro-batch: straight into the chunk; several: each adds a chunk-sized temporary
+        temporary = 0 if self.accumulation == 1 else unit.chunk * bucket.itemsize
+        self.live.add(bucket.nbytes + temporary)
+        if temporary:
+            self.grad_buffers[index] += reduce_scatter(bucket, op="avg", group=self.group)
+        else:
+            reduce_scatter(bucket, op="avg", group=self.group, out=self.grad_buffers[index])
+        self.live.sub(bucket.nbytes + temporary + sum(p.grad.nbytes for p in unit.params if p.grad is not None))
         for p in unit.params:
             p.grad = None
         self._pending[index] = 0

@@ -9,6 +9,8 @@ What all three stages of `zero.py` stand on (and the mesh's ZeRO-1, `composed.py
 - `ShardedAdamW`: the serial AdamW update (`optim.adamw_update`, shared code) applied to the
   owned chunk only, with weight decay decided per element by which parameter it belongs to.
 - `LiveBytes`: the bytes of short-lived buffers, for the memory ledger's peak.
+- `chunk_state`, `load_chunk_state`: the chunks as pieces of the serial model's arrays, and back
+  (checkpoints, minidist/reshard.py): a flat range of each parameter a chunk cuts through.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import numpy as np
 
 from minidist.comm import all_reduce, any_rank
 from minidist.optim import adamw_update
+from minidist.reshard import Piece, box_of, checked, cut, global_shape, whole
 
 BETAS, EPS = (0.9, 0.95), 1e-8  # as train.make_optimizer builds the serial AdamW
 
@@ -204,3 +207,46 @@ def mixed_precision_step(optimizer: ShardedAdamW, scaler, settings, step: int, e
     scaler.update(found_inf)
     scaler.record(step, skipped)
     return skipped
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def chunk_state(units: list[FlatUnit], optimizer: ShardedAdamW, tp_rank: int = 0, copies=()) -> dict[str, Piece]:
+    """This rank's chunks as pieces of the serial run's arrays (minidist/reshard.py): for each
+    parameter its chunk cuts through, the flat range it holds of its weights, moments and masters
+    (of its tensor-parallel box at `tp_rank`, chapter 9), and the step. No messages. `copies`:
+    parameters whose pieces another rank writes (a pipeline's second tied embedding)."""
+    kinds = [("param", optimizer.params), ("exp_avg", optimizer.exp_avg), ("exp_avg_sq", optimizer.exp_avg_sq)]
+    kinds += [("master", optimizer.masters)] if optimizer.masters is not None else []
+    state = {"step": whole(np.array(optimizer.step_count))}
+    for u, unit in enumerate(units):
+        for i, (name, p, shape) in enumerate(zip(unit.names, unit.params, unit.shapes)):
+            start, stop = max(int(unit.offsets[i]), unit.lo), min(int(unit.offsets[i + 1]), unit.hi)
+            if start >= stop or any(p is copy for copy in copies):
+                continue  # my chunk does not reach this parameter
+            box, flat = box_of(p, shape, tp_rank), (start - int(unit.offsets[i]), stop - int(unit.offsets[i]))
+            for kind, arrays in kinds:
+                mine = arrays[u][start - unit.lo:stop - unit.lo]
+                state[f"{kind}.{name}"] = Piece(mine, global_shape(p, shape), box, flat)
+    return state
+
+
+def load_chunk_state(units: list[FlatUnit], optimizer: ShardedAdamW, param_buffers: list, read,
+                     tp_rank: int = 0) -> None:
+    """Put `chunk_state` back from `read(name)`, the whole global arrays: each unit is laid out
+    flat as at initialisation and this rank keeps its chunk; `param_buffers` that hold the full
+    unit (stages 1 and 2) take all of it, so no all-gather is needed. No messages."""
+    for u, unit in enumerate(units):
+        def flat(kind: str, dtype) -> np.ndarray:
+            pieces = [checked(cut(read(f"{kind}.{name}"), box_of(p, shape, tp_rank)), np.empty(shape, dtype),
+                              f"{kind}.{name}") for name, p, shape in zip(unit.names, unit.params, unit.shapes)]
+            return unit.flatten(pieces, dtype)
+
+        weights = flat("param", param_buffers[u].dtype)
+        param_buffers[u][...] = weights if param_buffers[u].size == unit.padded else weights[unit.lo:unit.hi]
+        optimizer.exp_avg[u][...] = flat("exp_avg", optimizer.exp_avg[u].dtype)[unit.lo:unit.hi]
+        optimizer.exp_avg_sq[u][...] = flat("exp_avg_sq", optimizer.exp_avg_sq[u].dtype)[unit.lo:unit.hi]
+        if optimizer.masters is not None:
+            optimizer.masters[u][...] = flat("master", optimizer.masters[u].dtype)[unit.lo:unit.hi]
+    optimizer.step_count = int(read("step"))

@@ -76,11 +76,10 @@ class TensorParallelShards:
         whole = consolidate_state_dict(self.module, state=shards)
         return whole if self.mesh.world.rank == 0 else None
 
-    def save_checkpoint(self, directory) -> None:
-        raise NotImplementedError("a sharded ZeRO checkpoint directory holds one tp shard's layout: save a DP x TP "
-                                  "mesh with minidist.parallel.checkpointing (the demo's --checkpoint DIR)")
-
-    load_checkpoint = save_checkpoint
+    @property
+    def tp_rank(self) -> int:
+        """Where this rank's shards sit in the serial arrays (checkpoints: `global_state`)."""
+        return self.module.group.rank
 
 
 class TensorParallelZero2Trainer(TensorParallelShards, Zero2Trainer):
