@@ -168,7 +168,7 @@ class Layout:
             if self.precision == "fp32":
                 raise ValueError("--fp32-grads keeps the gradients of 16-bit weights in fp32: it needs "
                                  "--precision bf16|fp16")
-            if z or c > 1 or moe or self.naive_dp or (d == 1 and t == 1 and p == 1):
+            if z or c > 1 or moe or self.naive_dp or d == 1:
                 raise ValueError(f"--fp32-grads applies to data parallelism's buckets (--dp N, or a composed layout "
                                  f"without --zero), not to the {self} layout")
         self._check_recompute(moe)
@@ -348,8 +348,8 @@ def strategy(layout: Layout, moe: bool = False) -> str:
 
         serial, dp, dp-naive, zero1-3         one rank; data parallelism; ZeRO (chapters 1, 3, 8)
         tp, tp-sp, mp, pp-gpipe, ...          tensor or pipeline parallelism alone (chapters 4-6)
-        dp2-tp2, tp2-pp2, dp2-tp2-zero3, ...  the mesh (chapter 9): two axes or more, and in 16 bits
-                                              tensor or pipeline parallelism alone (tp4, pp4)
+        dp2-tp2, tp2-pp2, dp2-tp2-zero3, ...  the mesh (chapter 9): two axes or more (and tensor
+                                              parallelism with accumulation, tp4-m2)
         cp4, dp2-cp2-ulysses                  context parallelism (chapter 11)
         moe, dp4-ep2                          a mixture of experts (chapter 11)
     """
@@ -363,7 +363,7 @@ def strategy(layout: Layout, moe: bool = False) -> str:
                          layout.cp_split)
     model_parallel = t > 1 or p > 1
     accumulating = p == 1 and layout.microbatches > 1  # tensor parallelism alone accumulates on the mesh
-    if model_parallel and (d > 1 or (t > 1 and p > 1) or layout.precision != "fp32" or accumulating):
+    if model_parallel and (d > 1 or (t > 1 and p > 1) or accumulating):
         return mesh_name(d, t, p, layout.zero, layout.sequence_parallel)
     if t > 1:
         return "tp-sp" if layout.sequence_parallel else "tp"

@@ -22,6 +22,10 @@ One step (`finish_step`), after backward of the scaled loss (`loss_scale.py`):
        rounded into the model.
 
 The forward runs under `precision.autocast` (which operations compute in which format).
+
+`Precision` holds all of it for a trainer — the format, the masters, the scaler, the end of the
+step — so that every layout runs the same code in every precision (in fp32 the same calls do
+nothing: no masters, no scaling, no skip).
 """
 from __future__ import annotations
 
@@ -29,8 +33,9 @@ import math
 
 import numpy as np
 
-from minidist.optim import AdamW, set_lr
-from minidist.precision import LOW_PRECISION, round_to
+from minidist.loss_scale import DynamicLossScaler
+from minidist.optim import AdamW, clip_grad_norm_, set_lr
+from minidist.precision import LOW_PRECISION, autocast, round_to
 
 _FP32 = np.dtype(np.float32)
 
@@ -106,3 +111,69 @@ def finish_step(optimizer: MixedPrecisionAdamW, scaler, settings, step: int, agr
     scaler.update(found_inf)
     scaler.record(step, skipped)
     return skipped
+
+
+class Precision:
+    """Chapter 10 as one object each trainer holds: the number format of its weights, their fp32
+    masters, the loss scaler, and the end of a step that depends on them.
+
+        amp = Precision("fp16", settings)          # settings: train.OptimSettings (lr, clip, scaler's)
+        masters = amp.cast(module)                  # 16-bit weights; their fp32 masters (fp32: None)
+        optimizer = make_optimizer(module, settings, masters)
+        with amp.autocast():                        # the forward in the format (fp32: unchanged)
+            logits, loss = module(x, y)
+        amp.scale(loss).backward()                  # x the loss scale (fp16 only)
+        amp.step(optimizer, step, agree=..., norm=...)   # unscale, skip together, clip, update
+        amp.report()                                # the demo's --json keys (fp32: none)
+
+    `agree(found_inf) -> bool` combines the overflow flag over every rank that holds a piece of the
+    gradients (they must all skip, or none); `norm(grads) -> float` is the whole model's gradient
+    norm from this rank's pieces (sharded strategies), by default these gradients' own."""
+
+    def __init__(self, name: str = "fp32", settings=None):
+        if name != "fp32" and name not in LOW_PRECISION:
+            raise ValueError(f"precision must be fp32 or one of {', '.join(LOW_PRECISION)}, got {name!r}")
+        self.name, self.settings = name, settings
+        # dynamic for fp16; none for fp32 and bf16, whose 8-bit exponent reaches as low as fp32's
+        self.scaler = DynamicLossScaler(init_scale=getattr(settings, "initial_loss_scale", 2.0**16),
+                                        growth_interval=getattr(settings, "loss_scale_window", 2000),
+                                        enabled=name == "fp16")
+
+    @property
+    def low(self) -> bool:
+        """Are the weights kept in 16 bits (with fp32 masters)?"""
+        return self.name != "fp32"
+
+    def cast(self, module) -> dict[int, np.ndarray] | None:
+        """Round `module`'s weights to the format; their fp32 masters by id(param), or None in fp32."""
+        return to_low_precision(module, self.name) if self.low else None
+
+    def autocast(self):
+        return autocast(self.name)
+
+    def scale(self, loss):
+        """The loss to run backward from: times the loss scale in fp16, itself otherwise."""
+        return self.scaler.scale_loss(loss)
+
+    def step(self, optimizer, step: int, agree=None, norm=None) -> bool:
+        """The end of the step for `optimizer`'s parameters; True if it was skipped (an overflow).
+        fp32: clip by the norm, schedule, AdamW. 16 bits: `finish_step` (unscale, agree, skip or
+        clip and update the masters)."""
+        if self.low:
+            return finish_step(optimizer, self.scaler, self.settings, step, agree, norm)
+        params = optimizer.params()
+        if self.settings.clip:
+            total = None if norm is None else norm([p.grad for p in params])
+            clip_grad_norm_(params, self.settings.clip, total)
+        set_lr(optimizer, self.settings.lr_at(step))
+        optimizer.step()
+        return False
+
+    def report(self) -> dict:
+        """The demo's --json keys of a run's precision: the format, and the loss scale's history."""
+        if not self.low:
+            return {}
+        history = self.scaler.history
+        return {"precision": self.name, "loss_scale": [{"step": s, "scale": scale, "skipped": skipped}
+                                                       for s, scale, skipped in history],
+                "skipped_steps": [s for s, _, skipped in history if skipped]}

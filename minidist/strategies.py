@@ -22,8 +22,9 @@ which trainer runs one is `layout.strategy`'s; here each is built. Every strateg
     tp2-cp2 ...   cp with tp, pp, ZeRO-1 or m > 1    MeshTrainer (context_stage.py) 9, 11
     moe, dp4-ep2  with --experts E                   MoETrainer, ExpertParallelTrainer  11
 
-In 16 bits, tensor or pipeline parallelism alone runs on the mesh trainer (tp4, pp4), which
-carries the master weights and the loss scaler; so does tensor parallelism with accumulation.
+Every trainer holds one `mixed_precision.Precision` (the format, the fp32 masters, the loss
+scaler), so each layout runs the same code in every precision. Tensor parallelism with
+accumulation runs on the mesh trainer (a one-stage pipeline of m micro-batches).
 """
 from __future__ import annotations
 
@@ -80,10 +81,10 @@ def build_trainer(layout: Layout, config, task, world, settings: OptimSettings, 
                            accumulation=layout.microbatches, **common)
     if kind in ("tp", "tp-sp"):
         return TensorParallelTrainer(config, settings, task, batch_size, group=world,
-                                     sequence_parallel=layout.sequence_parallel, seed=seed)
+                                     sequence_parallel=layout.sequence_parallel, **common)
     if kind == "mp" or kind.startswith("pp-"):
         return PipelineTrainer(config, settings, task, batch_size, group=world, microbatches=layout.microbatches,
-                               schedule=layout.schedule, virtual_stages=layout.virtual_stages, seed=seed)
+                               schedule=layout.schedule, virtual_stages=layout.virtual_stages, **common)
     return build_mesh_trainer(layout, config, task, world, settings, batch_size, seed)
 
 

@@ -17,10 +17,9 @@ import numpy as np
 from minidist import memory
 from minidist.data import accuracy
 from minidist.loss_scale import DynamicLossScaler
-from minidist.mixed_precision import MixedPrecisionAdamW, finish_step, to_low_precision
+from minidist.mixed_precision import MixedPrecisionAdamW, Precision
 from minidist.model import GPT, GPTConfig
-from minidist.optim import AdamW, clip_grad_norm_, lr_at, set_lr, weight_decay_groups
-from minidist.precision import autocast
+from minidist.optim import AdamW, lr_at, weight_decay_groups
 from minidist.reshard import Piece, box_of, checked, cut, global_shape, whole
 from minidist.tensor import graph_bytes
 
@@ -52,19 +51,7 @@ def make_optimizer(model, settings: OptimSettings, masters: dict | None = None) 
 def make_scaler(precision: str, settings: OptimSettings | None = None) -> DynamicLossScaler:
     """The loss scaler of a precision: dynamic for fp16; none (disabled) for fp32 and bf16, whose
     8-bit exponent reaches as low as fp32's (chapter 10)."""
-    settings = settings or OptimSettings()
-    return DynamicLossScaler(init_scale=settings.initial_loss_scale, growth_interval=settings.loss_scale_window,
-                             enabled=precision == "fp16")
-
-
-def clip_and_step(optimizer, params, settings: OptimSettings, step: int, total_norm: float | None = None) -> float:
-    """The end of every step, shared by all strategies: clip, schedule, update. Returns the norm.
-
-    `total_norm`: the whole model's gradient norm, for strategies whose gradients are sharded."""
-    norm = clip_grad_norm_(params, settings.clip, total_norm) if settings.clip else float("nan")
-    set_lr(optimizer, settings.lr_at(step))
-    optimizer.step()
-    return norm
+    return Precision(precision, settings or OptimSettings()).scaler
 
 
 @runtime_checkable
@@ -120,10 +107,11 @@ class SerialTrainer(Trainer):
                  precision: str = "fp32", scaler: DynamicLossScaler | None = None):
         self.task, self.batch_size = task, batch_size
         self.model = self.build_model(config, seed)
-        self.settings, self.precision = settings, precision
-        masters = to_low_precision(self.model, precision) if precision != "fp32" else None
-        self.optimizer = make_optimizer(self.model, settings, masters)
-        self.scaler = scaler or make_scaler(precision, settings)
+        self.settings, self.amp = settings, Precision(precision, settings)  # chapter 10: format, masters, scaler
+        if scaler is not None:
+            self.amp.scaler = scaler
+        self.precision, self.scaler = self.amp.name, self.amp.scaler
+        self.optimizer = make_optimizer(self.model, settings, self.amp.cast(self.model))
         self.activation_bytes = 0
 
     def build_model(self, config: GPTConfig, seed: int):
@@ -133,21 +121,17 @@ class SerialTrainer(Trainer):
     def step(self, step: int):
         """One optimizer step on this step's batch; returns (loss, accuracy)."""
         x, y = self.task.get_batch(step, self.batch_size)
-        with autocast(self.precision):  # fp32: nothing changes
+        with self.amp.autocast():  # fp32: nothing changes
             logits, loss = self.model(x, y)
         if not self.activation_bytes:  # every step builds the same graph: measure it once
             self.activation_bytes = graph_bytes(loss)
         self.optimizer.zero_grad()  # the optimizer's list of the parameters: no walk of the modules
-        if self.precision == "fp32":
-            loss.backward()
-            clip_and_step(self.optimizer, self.optimizer.params(), self.settings, step)
-        else:
-            self.scaler.scale_loss(loss).backward()
-            finish_step(self.optimizer, self.scaler, self.settings, step)
+        self.amp.scale(loss).backward()  # fp32 and bf16: the loss itself
+        self.amp.step(self.optimizer, step)  # clip, schedule, AdamW (16 bits: on the masters, or skip)
         return loss.item(), accuracy(np.asarray(logits.data, dtype=np.float32), y)
 
     def report(self) -> dict:
-        return precision_report(self.precision, self.scaler)
+        return self.amp.report()
 
     def memory(self) -> dict:
         return memory.ledger(self.model, self.optimizer, self.activation_bytes)
@@ -165,15 +149,6 @@ class SerialTrainer(Trainer):
 
     def load_global_state(self, read) -> None:
         load_training_state(self.model, self.optimizer, read, self.scaler)
-
-
-def precision_report(precision: str, scaler) -> dict:
-    """The demo's --json keys of a run's precision: the format, and the loss scale's history."""
-    if precision == "fp32":
-        return {}
-    return {"precision": precision, "loss_scale": [{"step": s, "scale": scale, "skipped": skipped}
-                                                   for s, scale, skipped in scaler.history],
-            "skipped_steps": [s for s, _, skipped in scaler.history if skipped]}
 
 
 # ----------------------------------------------------------------------------- the training state

@@ -305,3 +305,52 @@ def test_expert_parallelism_follows_the_serial_mixture_within_the_formats_bounds
     for rank in ranks:
         n, ledger = rank[precision]["params"], rank[precision]["memory"]
         assert (ledger["params"], ledger["grads"], ledger["optimizer"]) == (2 * n, 2 * n, 12 * n)
+
+
+# ----------------------------------------------------------------------------- one strategy alone
+
+
+def alone_program(precisions):
+    """Chapter 6's TensorParallelTrainer and chapter 5's PipelineTrainer in 16 bits on 2 ranks:
+    each holds the same Precision object as every other trainer (not the mesh's code path)."""
+    from minidist.comm import get_world
+    from minidist.data import make_task
+    from minidist.model import GPTConfig
+    from minidist.parallel.pipeline import PipelineTrainer
+    from minidist.parallel.tensor_parallel import TensorParallelTrainer
+    from minidist.train import OptimSettings
+
+    out = {}
+    for precision in precisions:
+        common = (GPTConfig(**CONFIG), OptimSettings(**SETTINGS), make_task("sort", 16, seed=0), BATCH)
+        for label, trainer in (("tp2", TensorParallelTrainer(*common, group=get_world(), precision=precision)),
+                               ("pp2", PipelineTrainer(*common, group=get_world(), microbatches=2, precision=precision))):
+            losses = [trainer.step(s)[0] for s in range(STEPS)]
+            state = trainer.state_dict()
+            out[precision, label] = {"losses": losses, "report": trainer.report(), "kind": type(trainer).__name__,
+                                     "dtype": str(trainer.optimizer.params()[0].data.dtype),
+                                     "state": None if state is None else {k: v.astype(np.float32)
+                                                                          for k, v in state.items()}}
+    return out
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_tensor_and_pipeline_parallelism_alone_run_their_own_trainers_in_16_bits(precision):
+    from minidist.layout import Layout, strategy
+    from minidist.train import OptimSettings
+
+    assert strategy(Layout(tp=2, precision=precision)) == "tp"  # not the mesh's tp2
+    assert strategy(Layout(pp=2, microbatches=2, precision=precision)) == "pp-1f1b"
+    got = run(alone_program, 2, [precision], timeout=240)[0]
+    want_losses, want_state = serial(precision)
+    eps = FORMATS[precision].eps
+    drift = 2 * sum(OptimSettings(**SETTINGS).lr_at(s) for s in range(STEPS))
+    for label in ("tp2", "pp2"):
+        run_ = got[precision, label]
+        assert run_["dtype"] == precision.replace("bf16", "bfloat16").replace("fp16", "float16")  # 16-bit weights
+        assert run_["report"]["precision"] == precision and len(run_["report"]["loss_scale"]) == STEPS
+        for step, (g, w) in enumerate(zip(run_["losses"], want_losses)):
+            assert abs(g - w) <= 8 * eps * w, (label, step, g, w)
+        for key, value in want_state.items():
+            bound = drift + eps * float(np.max(np.abs(value)))
+            assert float(np.max(np.abs(run_["state"][key] - value))) <= bound, (label, key)

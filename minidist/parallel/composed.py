@@ -54,10 +54,9 @@ import math
 import numpy as np
 
 from minidist import memory
-from minidist.comm import all_gather, all_reduce, any_rank, reduce_scatter
+from minidist.comm import all_gather, all_reduce, reduce_scatter
 from minidist.comm.world import World, resolve
 from minidist.data import accuracy
-from minidist.mixed_precision import finish_step, to_low_precision
 from minidist.model import GPTConfig
 from minidist.parallel.context_parallel import SequenceSplit
 from minidist.parallel.context_stage import ContextSplit, check_context_stage, context_parallel_stage
@@ -68,10 +67,9 @@ from minidist.parallel.tensor_parallel import check_tensor_parallel, consolidate
 from minidist.parallel.tensor_stage import SequenceParallelStage, TensorParallelStage
 from minidist.parallel.zero_partition import (ShardedAdamW, chunk_state, flat_parameters, load_chunk_state,
                                               make_units, master_chunks, mixed_precision_step)
-from minidist.precision import autocast
 from minidist.tensor import get_default_dtype
 from minidist.train import (OptimSettings, generator_state, load_generator_states, load_scaler_state,
-                            load_training_state, make_optimizer, make_scaler, precision_report, scaler_state,
+                            load_training_state, scaler_state,
                             training_state)
 
 
@@ -115,8 +113,7 @@ class MeshTrainer(PipelineTrainer):
         check_composed(config, world.size, batch_size, dp, tp, pp, microbatches, schedule, v, sequence_parallel,
                        self.zero, cp, cp_algorithm, cp_split)
         self.mesh = mesh = DeviceMesh(world, dp=dp, tp=tp, pp=pp, cp=cp)
-        self.sequence_parallel, self.precision, self.fp32_grads = sequence_parallel, precision, fp32_grads
-        self.scaler = make_scaler(precision, settings)
+        self.sequence_parallel, self.fp32_grads = sequence_parallel, fp32_grads
         # every tensor-parallel message's size follows from these facts: checked once (chapter 7)
         self.tp_group = mesh.tp_group.verify("the tensor-parallel layout",
                                              [config, tp, get_default_dtype().str, sequence_parallel])
@@ -127,7 +124,7 @@ class MeshTrainer(PipelineTrainer):
             SequenceSplit(config.block_size, cp, cp_split), cp_algorithm)
         self.replica_group = mesh.dp_group if cp == 1 else mesh["dp_cp"]
         super().__init__(config, settings, task, batch_size, seed, group=mesh.pp_group, microbatches=microbatches,
-                         schedule=schedule, virtual_stages=v)
+                         schedule=schedule, virtual_stages=v, precision=precision)
         self.name = mesh_name(dp, tp, pp, self.zero, sequence_parallel, cp, cp_algorithm, cp_split)
         self.model = None  # no rank holds the whole model (tp = pp = 1 would: use the dp trainer)
         self.build_data_parallel(bucket_cap_bytes)
@@ -141,12 +138,7 @@ class MeshTrainer(PipelineTrainer):
         else:
             kind = SequenceParallelStage if self.sequence_parallel else TensorParallelStage
             stage = kind(config, self.tp_group, self.rank, self.stages, seed, virtual_stages)
-        # chapter 10: 16-bit weights, so 16-bit activations between stages and 16-bit gradients
-        self.masters = to_low_precision(stage, self.precision) if self.precision != "fp32" else None
-        return stage
-
-    def build_optimizer(self, settings: OptimSettings):
-        return make_optimizer(self.stage, settings, self.masters)
+        return self.cast(stage)  # chapter 10: 16-bit weights, their fp32 masters
 
     def build_data_parallel(self, bucket_cap_bytes: int) -> None:
         """Chapter 3's bucketed wrapper over the dp (x cp) group, around this rank's stage shard."""
@@ -177,15 +169,11 @@ class MeshTrainer(PipelineTrainer):
         """With sequence parallelism a stage hands on its T/t tokens only."""
         return (rows, length // self.mesh.tp if self.sequence_parallel else length, self.config.n_embd)
 
-    def _forward(self, i: int, c: int = 0):
-        with autocast(self.precision):  # fp32: nothing changes
-            super()._forward(i, c)
-
-    def backward_loss(self, loss):
-        loss = super().backward_loss(loss)
+    def loss_share(self, loss):
+        loss = super().loss_share(loss)
         if self.context is not None:  # shares of the loss, averaged over dp x cp: x cp makes it their sum over cp
             loss = loss * self.mesh.cp
-        return self.scaler.scale_loss(loss)  # fp32 and bf16: no scaling
+        return loss
 
     def accuracy(self, logits: np.ndarray, targets) -> float:
         if self.context is not None:  # whole sequences' targets: my tokens' share of their accuracy
@@ -195,7 +183,7 @@ class MeshTrainer(PipelineTrainer):
         return self.token_accuracy(logits, targets)
 
     def token_accuracy(self, logits: np.ndarray, targets) -> float:
-        logits = np.asarray(logits, dtype=np.float32) if self.precision != "fp32" else logits
+        logits = np.asarray(logits, dtype=np.float32) if self.amp.low else logits
         if self.mesh.tp == 1:
             return accuracy(logits, targets)
         return vocab_parallel_accuracy(logits, targets, self.tp_group, self.stage.vocab_start_index())
@@ -226,11 +214,8 @@ class MeshTrainer(PipelineTrainer):
             return False  # the first stage counts the tied weight
         return getattr(p, "tensor_model_parallel", False) or self.mesh.place.tp == 0
 
-    def _global_grad_norm(self) -> float:
-        if self.precision != "fp32":
-            return float("nan")  # taken in update, of the unscaled fp32 gradients
-        params = self.stage.parameters()
-        return self.norm_of(params, [p.grad for p in params])
+    def everyone(self) -> World:
+        return self.mesh.world  # every rank holds a piece of the gradients
 
     def norm_of(self, params: list, grads: list) -> float:
         """The whole model's gradient norm from this rank's `grads` (of `params`)."""
@@ -239,14 +224,6 @@ class MeshTrainer(PipelineTrainer):
         all_reduce(squared, op="sum", group=self.tp_group)
         all_reduce(squared, op="sum", group=self.group)
         return math.sqrt(squared[0])
-
-    def update(self, total_norm: float) -> None:
-        if self.precision == "fp32":
-            return super().update(total_norm)
-        # every rank holds a piece of the gradients: all skip together, or none (chapter 10)
-        finish_step(self.optimizer, self.scaler, self.settings, self.step_index,
-                    agree=lambda found_inf: any_rank(found_inf, self.mesh.world),
-                    norm=lambda grads: self.norm_of(self.optimizer.params(), grads))
 
     def global_state(self) -> dict:
         """This rank's shards as pieces of the serial arrays (where its tp box sits); the last
@@ -258,7 +235,7 @@ class MeshTrainer(PipelineTrainer):
 
     # -- reports and state
     def report(self) -> dict:
-        report = {"mesh": mesh_report(self.mesh), **precision_report(self.precision, self.scaler)}
+        report = {"mesh": mesh_report(self.mesh), **self.amp.report()}
         if self.stages > 1:
             report["pipeline"] = self.pipeline_report()
         if self.context is not None:
@@ -312,22 +289,18 @@ class MeshZero1Trainer(MeshTrainer):
         for unit, chunk in zip(self.units, self.grad_chunks):
             reduce_scatter(unit.flatten([p.grad for p in unit.params]), op="avg", group=self.dp_group, out=chunk)
 
-    def _global_grad_norm(self) -> float:
-        if self.precision != "fp32":
-            return float("nan")  # taken in update, of the unscaled fp32 chunks
-        return self.optimizer.grad_norm(self.norm_groups(), self.norm_weights)
-
     def norm_groups(self) -> list:
         """Chunks over dp, shards over tp, stages over pp: each element of the model counted once."""
         return [self.dp_group, self.tp_group, self.group]
 
-    def update(self, total_norm: float) -> None:
-        if self.precision != "fp32":
+    def update(self) -> None:
+        """ZeRO-1's sharded step (chapter 8; in 16 bits on the fp32 master chunks), then the gather."""
+        if self.amp.low:
             mixed_precision_step(self.optimizer, self.scaler, self.settings, self.step_index, self.mesh.world,
                                  self.norm_groups(), self.norm_weights)
         else:
             if self.settings.clip:
-                self.optimizer.clip_to(self.settings.clip, total_norm)
+                self.optimizer.clip_to(self.settings.clip, self.optimizer.grad_norm(self.norm_groups(), self.norm_weights))
             self.optimizer.step(self.settings.lr_at(self.step_index))
         self.all_gather_parameters()
 

@@ -54,15 +54,13 @@ from minidist import memory
 from minidist.comm import all_reduce, any_rank, irecv, isend, wait
 from minidist.comm.world import World, resolve
 from minidist.data import IGNORE_INDEX, shard_rows
-from minidist.mixed_precision import finish_step, to_low_precision
+from minidist.mixed_precision import Precision
 from minidist.model import GPT, GPTConfig
 from minidist.parallel.data_parallel import DistributedDataParallel
 from minidist.parallel.mesh import DeviceMesh
 from minidist.parallel.ulysses import check_ulysses, ulysses_attention, ulysses_traffic
-from minidist.precision import autocast
 from minidist.tensor import Function, get_default_dtype, graph_bytes
-from minidist.train import (OptimSettings, Trainer, clip_and_step, load_training_state, make_optimizer, make_scaler,
-                            precision_report, training_state)
+from minidist.train import (OptimSettings, Trainer, load_training_state, make_optimizer, training_state)
 
 ALGORITHMS, SPLITS = ("ring", "ulysses"), ("zigzag", "contiguous")
 KV_TAG, DKV_TAG = 11, 12  # the ring's two streams of messages: K/V blocks, their gradients
@@ -364,9 +362,10 @@ class ContextParallelTrainer(Trainer):
         self.cp_group = self.mesh.cp_group.verify("the context-parallel layout", facts)
         self.split = SequenceSplit(config.block_size, cp, split)
         self.model = GPT(config, seed=seed)
-        self.precision, self.scaler = precision, make_scaler(precision, settings)
+        self.amp = Precision(precision, settings)
+        self.precision, self.scaler = self.amp.name, self.amp.scaler
         # chapter 10: 16-bit weights; attention's blocks travel in fp32 (its Functions compute in it)
-        masters = to_low_precision(self.model, precision) if precision != "fp32" else None
+        masters = self.amp.cast(self.model)
         self.cp_model = ContextParallelGPT(self.model, self.cp_group, self.split, algorithm)
         # gradients summed over cp and averaged over dp: one all-reduce over the flattened dp x cp group
         self.ddp = DistributedDataParallel(self.model, self.mesh["dp_cp"])
@@ -382,19 +381,16 @@ class ContextParallelTrainer(Trainer):
         x, y = x[rows][:, positions], y[rows][:, positions]  # my replica's sequences, my tokens of them
         mine = y != IGNORE_INDEX
         self.optimizer.zero_grad()
-        with autocast(self.precision):  # fp32: nothing changes
+        with self.amp.autocast():  # fp32: nothing changes
             logits, loss = self.cp_model(x, y)
         share = loss * (int(mine.sum()) / counted)  # my tokens' part of the global mean
         if not self.activation_bytes:  # every step builds the same graph: measure it once
             self.activation_bytes = graph_bytes(share)
         # DDP averages over the cp x dp ranks; the gradient is the sum of the shares
-        self.scaler.scale_loss(share * self.group.size).backward()
+        self.amp.scale(share * self.group.size).backward()
         self.ddp.finish_gradient_synchronization()
-        if self.precision == "fp32":
-            clip_and_step(self.optimizer, self.optimizer.params(), self.settings, step)
-        else:  # every rank holds the same averaged gradients; they agree on a skip all the same
-            finish_step(self.optimizer, self.scaler, self.settings, step,
-                        agree=lambda found_inf: any_rank(found_inf, self.group))
+        # every rank holds the same averaged gradients; they agree on a skip all the same (chapter 10)
+        self.amp.step(self.optimizer, step, agree=lambda found_inf: any_rank(found_inf, self.group))
         right = (np.asarray(logits.data, dtype=np.float32).argmax(-1) == y) & mine
         totals = np.array([share.item(), right.sum(), mine.sum()], dtype=np.float64)
         all_reduce(totals, group=self.group)
@@ -427,7 +423,7 @@ class ContextParallelTrainer(Trainer):
         s, itemsize = self.split, np.dtype(get_default_dtype()).itemsize
         traffic = context_parallel_traffic_per_step(self.config, self.batch_size // self.dp, self.cp, self.algorithm,
                                                     itemsize)
-        return {**precision_report(self.precision, self.scaler), "context_parallel": {
+        return {**self.amp.report(), "context_parallel": {
             "cp": self.cp, "dp": self.dp, "algorithm": self.algorithm, "split": s.kind,
             "positions": self.cp_model.positions.tolist(),
             "unmasked_scores_per_rank": [s.unmasked_scores(r) for r in range(self.cp)],

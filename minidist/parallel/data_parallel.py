@@ -37,13 +37,11 @@ from minidist import memory
 from minidist.comm import all_reduce, any_rank, broadcast
 from minidist.comm.world import World, resolve
 from minidist.data import accuracy
-from minidist.mixed_precision import finish_step, to_low_precision
+from minidist.mixed_precision import Precision
 from minidist.model import GPT, GPTConfig
-from minidist.precision import autocast
 from minidist.tensor import graph_bytes
 from minidist.timeline import Timeline
-from minidist.train import (OptimSettings, Trainer, clip_and_step, load_training_state, make_optimizer, make_scaler,
-                            precision_report, training_state)
+from minidist.train import (OptimSettings, Trainer, load_training_state, make_optimizer, training_state)
 
 
 class NaiveDistributedDataParallel:
@@ -256,18 +254,18 @@ class DataParallelTrainer(Trainer):
         # the statistics' all-reduce closing every step follows from these: checked once (chapter 7)
         self.group = self.world.verify("the data-parallel step", [type(self).__name__, batch_size, accumulation,
                                                                   self.rows])
-        self.settings, self.precision = settings, precision
+        self.settings, self.amp = settings, Precision(precision, settings)
+        self.precision, self.scaler = self.amp.name, self.amp.scaler
         self.timeline = Timeline()
         self.model = GPT(config, seed=seed)
         # chapter 10: 16-bit weights (so 16-bit gradients, and buckets) before DDP sees them
-        masters = to_low_precision(self.model, precision) if precision != "fp32" else None
+        masters = self.amp.cast(self.model)
         if overlap:
             self.ddp = DistributedDataParallel(self.model, self.world, bucket_cap_bytes, algorithm, self.timeline,
                                                np.float32 if fp32_grads else None)
         else:
             self.ddp = NaiveDistributedDataParallel(self.model, self.world, algorithm, self.timeline)
         self.optimizer = make_optimizer(self.model, settings, masters)
-        self.scaler = make_scaler(precision, settings)
         self.activation_bytes = 0
 
     def step(self, step: int):
@@ -289,25 +287,22 @@ class DataParallelTrainer(Trainer):
             sync = contextlib.nullcontext() if i == k - 1 else self.ddp.no_sync()
             share = len(mx) / B  # of the global batch: the loss is a mean over all B rows
             with sync:
-                with self.timeline.span(f"forward {i}", "forward"), autocast(self.precision):
+                with self.timeline.span(f"forward {i}", "forward"), self.amp.autocast():
                     logits, loss = self.ddp(mx, my)
                 if not self.activation_bytes:  # every step builds the same graph: measure it once
                     self.activation_bytes = graph_bytes(loss)
                 with self.timeline.span(f"backward {i}", "backward"):
                     # the all-reduce averages (sums and divides by dp), so scale by share x dp:
                     # 1/k for an even split, as one big batch
-                    self.scaler.scale_loss(loss * (len(mx) * dp / B)).backward()
+                    self.amp.scale(loss * (len(mx) * dp / B)).backward()
             loss_sum += loss.item() * share
             acc_sum += accuracy(np.asarray(logits.data, dtype=np.float32), my) * share
         return loss_sum, acc_sum
 
     def optimizer_step(self, step: int) -> None:
         with self.timeline.span("optimizer", "optimizer"):
-            if self.precision == "fp32":
-                clip_and_step(self.optimizer, self.optimizer.params(), self.settings, step)
-            else:  # the replicas hold equal gradients, but they agree on the skip all the same
-                finish_step(self.optimizer, self.scaler, self.settings, step,
-                            agree=lambda found_inf: any_rank(found_inf, self.group))
+            # the replicas hold equal gradients, but they agree on a skip all the same (chapter 10)
+            self.amp.step(self.optimizer, step, agree=lambda found_inf: any_rank(found_inf, self.group))
 
     def sum_over_ranks(self, values: list[float]) -> np.ndarray:
         """Every rank's `values` added up (float64): the step's global loss and accuracy."""
@@ -338,4 +333,4 @@ class DataParallelTrainer(Trainer):
         load_training_state(self.model, self.optimizer, read, self.scaler)
 
     def report(self) -> dict:
-        return precision_report(self.precision, self.scaler)
+        return self.amp.report()

@@ -45,13 +45,12 @@ from minidist import memory
 from minidist.comm import all_gather, all_reduce, all_to_all, any_rank
 from minidist.comm.world import World, resolve
 from minidist.data import accuracy
-from minidist.mixed_precision import finish_step, to_low_precision
+from minidist.mixed_precision import Precision
 from minidist.moe import MoEConfig, MoEGPT, MoELayer, Routing, is_moe_param, moe_param_count, moe_report
 from minidist.parallel.mesh import DeviceMesh
-from minidist.precision import autocast
 from minidist.tensor import Function, Tensor, get_default_dtype, graph_bytes
-from minidist.train import (OptimSettings, Trainer, clip_and_step, load_training_state, make_optimizer,
-                            make_scaler, precision_report, training_state)
+from minidist.train import (OptimSettings, Trainer, load_training_state, make_optimizer,
+                            training_state)
 
 
 def check_expert_parallel(config, world_size: int, ep: int, batch_size: int | None = None) -> None:
@@ -191,9 +190,9 @@ class ExpertParallelTrainer(Trainer):
         self.name = f"dp{world.size}-ep{ep}"
         self.local_model = ExpertParallelGPT(config, seed, self.dp_group, self.ep_group)
         self.model = None  # no rank holds every expert to sample from (for ep > 1)
-        self.precision, self.scaler = precision, make_scaler(precision, settings)
-        masters = to_low_precision(self.local_model, precision) if precision != "fp32" else None  # chapter 10
-        self.optimizer = make_optimizer(self.local_model, settings, masters)  # AdamW is elementwise: any split
+        self.amp = Precision(precision, settings)  # chapter 10: the format, the masters, the scaler
+        self.precision, self.scaler = self.amp.name, self.amp.scaler
+        self.optimizer = make_optimizer(self.local_model, settings, self.amp.cast(self.local_model))  # AdamW is elementwise: any split
         params = self.local_model.parameters()
         self.experts = [p for p in params if is_moe_param(p)]
         self.replicated = [p for p in params if not is_moe_param(p)]
@@ -204,21 +203,16 @@ class ExpertParallelTrainer(Trainer):
         """One optimizer step on the global batch; returns (loss, accuracy), the same on every rank."""
         w = self.dp_group.size
         x, y = self.task.get_batch(step, self.batch_size, self.dp_group.rank, w)
-        with autocast(self.precision):  # fp32: nothing changes
+        with self.amp.autocast():  # fp32: nothing changes
             logits, loss = self.local_model(x, y)
         if not self.activation_bytes:  # every step builds the same graph: measure it once
             self.activation_bytes = graph_bytes(loss)
         self.optimizer.zero_grad()
-        self.scaler.scale_loss(loss).backward()
+        self.amp.scale(loss).backward()
         self.synchronize_gradients()
         params = self.optimizer.params()
-        if self.precision == "fp32":
-            norm = self.grad_norm(params, [p.grad for p in params]) if self.settings.clip else None
-            clip_and_step(self.optimizer, params, self.settings, step, total_norm=norm)
-        else:  # chapter 10: the fp32 step, every rank agreeing on a skip
-            finish_step(self.optimizer, self.scaler, self.settings, step,
-                        agree=lambda found_inf: any_rank(found_inf, self.dp_group),
-                        norm=lambda grads: self.grad_norm(params, grads))
+        self.amp.step(self.optimizer, step, agree=lambda found_inf: any_rank(found_inf, self.dp_group),
+                      norm=lambda grads: self.grad_norm(params, grads))
         stats = self.local_model.moe_stats()
         totals = np.array([loss.item(), accuracy(np.asarray(logits.data, dtype=np.float32), y), stats["aux_loss"]])
         all_reduce(totals, op="avg", group=self.dp_group)  # the slices' means: the batch's
@@ -255,7 +249,7 @@ class ExpertParallelTrainer(Trainer):
 
     def report(self) -> dict:
         slots = [h["slots_per_expert"] for h in self.history]
-        return {**moe_report(self.config, self.history), **precision_report(self.precision, self.scaler),
+        return {**moe_report(self.config, self.history), **self.amp.report(),
                 "expert_parallel": {"dp": self.dp_group.size, "ep": self.ep, "slots_per_expert": slots,
                                     "bytes_sent_per_step": [expert_parallel_traffic(
                                         self.config, self.dp_group.size, self.ep, s, self.itemsize) for s in slots]}}

@@ -42,8 +42,9 @@ import numpy as np
 
 from minidist import memory
 from minidist.data import accuracy
-from minidist.comm import all_reduce, irecv, isend, sendrecv, wait
+from minidist.comm import all_reduce, any_rank, irecv, isend, sendrecv, wait
 from minidist.comm.world import World, resolve
+from minidist.mixed_precision import Precision
 from minidist.model import GPTConfig
 from minidist.nn import Module
 from minidist.parallel import schedules as S
@@ -51,7 +52,7 @@ from minidist.parallel.pipeline_stage import (Layers, PipelineStage, check_pipel
                                               partition)
 from minidist.tensor import Tensor, graph_bytes
 from minidist.timeline import Timeline
-from minidist.train import (OptimSettings, Trainer, clip_and_step, load_training_state, make_optimizer,
+from minidist.train import (OptimSettings, Trainer, load_training_state, make_optimizer,
                             training_state)
 
 TIED_TAG = 1 << 20  # above every activation/gradient tag (2 * (micro * p * v + edge) + direction)
@@ -69,8 +70,10 @@ class PipelineTrainer(Trainer):
 
     def __init__(self, config: GPTConfig, settings: OptimSettings, task, batch_size: int, seed: int = 0,
                  group: World | None = None, microbatches: int = 1, schedule: str = "1f1b",
-                 virtual_stages: int | None = None):
+                 virtual_stages: int | None = None, precision: str = "fp32"):
         world = resolve(group)
+        self.amp = Precision(precision, settings)  # chapter 10: the format, the masters, the scaler
+        self.precision, self.scaler = self.amp.name, self.amp.scaler
         v = virtual_stages if virtual_stages is not None else (2 if schedule == "interleaved" else 1)
         check_pipeline_layout(config, batch_size, world.size, microbatches, schedule, v)
         self.virtual_stages = v
@@ -90,10 +93,16 @@ class PipelineTrainer(Trainer):
 
     def build_stage(self, config: GPTConfig, seed: int, virtual_stages: int) -> Module:
         """This rank's part of the model (a mesh builds it from tensor-parallel layers)."""
-        return PipelineStage(config, self.rank, self.stages, seed, virtual_stages)
+        return self.cast(PipelineStage(config, self.rank, self.stages, seed, virtual_stages))
+
+    def cast(self, stage: Module) -> Module:
+        """Chapter 10: 16-bit weights (so 16-bit activations between stages and 16-bit gradients),
+        their fp32 masters kept for the optimizer (None in fp32)."""
+        self.masters = self.amp.cast(stage)
+        return stage
 
     def build_optimizer(self, settings: OptimSettings):
-        return make_optimizer(self.stage, settings)
+        return make_optimizer(self.stage, settings, self.masters)
 
     # -- one step ------------------------------------------------------------------------------
     def step(self, step: int):
@@ -120,17 +129,21 @@ class PipelineTrainer(Trainer):
         return (rows, length, self.config.n_embd)
 
     def accuracy(self, logits: np.ndarray, targets) -> float:
-        return accuracy(logits, targets)
+        return accuracy(np.asarray(logits, dtype=np.float32) if self.amp.low else logits, targets)
 
     def backward_loss(self, loss):
-        """What backward starts from: loss / m, since the mean over micro-batches is the mean
-        over the batch (a mesh in fp16 also multiplies by the loss scale)."""
+        """What backward starts from: the micro-batch's part of the loss, times the loss scale
+        (fp16 only)."""
+        return self.amp.scale(self.loss_share(loss))
+
+    def loss_share(self, loss):
+        """loss / m: the mean over micro-batches is the mean over the batch."""
         return loss * (1.0 / self.microbatches)
 
     # Everything in flight is keyed by (micro-batch, chunk); without interleaving the chunk is 0.
     def _forward(self, i: int, c: int = 0):
         label = f"forward {i}" + (f".{c}" if self.virtual_stages > 1 else "")
-        with self.timeline.span(label, "forward"):
+        with self.timeline.span(label, "forward"), self.amp.autocast():  # fp32: nothing changes
             x = self.micro_x[i] if self.stage.has_input(c) else self.inputs[i, c]
             if self.stage.has_loss(c):
                 logits, loss = self.stage(x, self.micro_y[i], chunk=c)
@@ -211,17 +224,23 @@ class PipelineTrainer(Trainer):
         # the step's synchronisation point: it also waits for the last rank to finish backward
         with self.timeline.span("grad sync", "comm"):
             self.finish_gradients()
-            total = self._global_grad_norm() if self.settings.clip else float("nan")
         with self.timeline.span("optimizer", "optimizer"):
-            self.update(total)
+            self.update()
 
     def finish_gradients(self):
         """After the last backward: the gradients this stage's update needs are made whole."""
         self._sync_tied_weight()
 
-    def update(self, total_norm: float):
-        """Clip by the whole model's norm, set the learning rate, AdamW on this stage."""
-        clip_and_step(self.optimizer, self.stage.parameters(), self.settings, self.step_index, total_norm)
+    def update(self) -> None:
+        """Clip by the whole model's norm, set the learning rate, AdamW on this stage (16 bits: on
+        the masters, every rank agreeing on a skip: they all hold a piece of the gradients)."""
+        params = self.optimizer.params()
+        self.amp.step(self.optimizer, self.step_index, agree=lambda found_inf: any_rank(found_inf, self.everyone()),
+                      norm=lambda grads: self.norm_of(params, grads))
+
+    def everyone(self) -> World:
+        """Every rank that holds a piece of the model's gradients."""
+        return self.group
 
     def _sync_tied_weight(self):
         """First and last stage add their halves of wte's gradient (embedding + head)."""
@@ -234,10 +253,12 @@ class PipelineTrainer(Trainer):
         sendrecv(mine, peer, theirs, peer, TIED_TAG, self.group)
         weight.grad = mine + theirs  # a + b == b + a exactly: both copies get the same bits
 
-    def _global_grad_norm(self) -> float:
-        params = [p for p in self.stage.parameters() if p is not self.stage.tied_copy()]  # tied: count once
-        squared = np.array([sum(float(np.dot(p.grad.ravel(), p.grad.ravel())) for p in params
-                                if p.grad is not None)])
+    def norm_of(self, params: list, grads: list) -> float:
+        """The whole model's gradient norm from this stage's `grads` (of `params`): the squares
+        summed over the stages, the tied copy counted once."""
+        tied = self.stage.tied_copy()
+        squared = np.array([sum(float(np.dot(g.ravel(), g.ravel())) for p, g in zip(params, grads)
+                                if g is not None and p is not tied)])
         all_reduce(squared, op="sum", group=self.group)
         return math.sqrt(squared[0])
 
@@ -278,7 +299,7 @@ class PipelineTrainer(Trainer):
                                      for r, (c, b) in enumerate(zip(self.peak_count, self.peak_bytes))]}
 
     def report(self) -> dict:
-        return {"pipeline": self.pipeline_report()}
+        return {"pipeline": self.pipeline_report(), **self.amp.report()}
 
     def memory(self) -> dict:
         """This rank's ledger: its stage's params, grads, optimizer, and its peak activations."""

@@ -43,11 +43,12 @@ import numpy as np
 
 from minidist import functional as F
 from minidist import memory
-from minidist.comm import all_gather, all_reduce
+from minidist.comm import all_gather, all_reduce, any_rank
 from minidist.comm.world import World, resolve
 from minidist.model import GPTConfig, init_weights
 from minidist.nn import Embedding, LayerNorm, Module, ModuleList, Parameter
-from minidist.optim import clip_grad_norm_, set_lr
+from minidist.mixed_precision import Precision
+from minidist.optim import clip_grad_norm_
 from minidist.parallel.sequence import (SequenceParallelLayers, allreduce_sequence_parallel_grads,
                                         check_sequence_length, mark_sequence_parallel)
 from minidist.parallel.tensor_layers import TensorParallelLayers, vocab_parallel_argmax, vocab_parallel_cross_entropy
@@ -288,14 +289,22 @@ def clip_grad_norm_tensor_parallel_(model: Module, max_norm: float, group: World
     norm² = Σ_ranks (squared norms of my shards) + (squared norm of the replicated gradients,
     counted once: every rank holds the same copy). One all-reduce of one number."""
     split, replicated = split_and_replicated(model)
+    params = split + replicated
+    norm = tensor_parallel_grad_norm(params, [p.grad for p in params], group)
+    return clip_grad_norm_(params, max_norm, total_norm=norm)
 
-    def squares(params):
-        return sum(float(np.dot(p.grad.ravel(), p.grad.ravel())) for p in params if p.grad is not None)
 
-    total = np.array([squares(split)])
+def tensor_parallel_grad_norm(params: list, grads: list, group: World) -> float:
+    """The whole model's gradient norm from this rank's `grads` (of `params`): the split ones'
+    squares summed over the tp group, the replicated ones' added once (chapter 10's fp32 copies
+    of 16-bit gradients go through here too)."""
+    split = [float(np.dot(g.ravel(), g.ravel())) for p, g in zip(params, grads)
+             if g is not None and getattr(p, "tensor_model_parallel", False)]
+    replicated = [float(np.dot(g.ravel(), g.ravel())) for p, g in zip(params, grads)
+                  if g is not None and not getattr(p, "tensor_model_parallel", False)]
+    total = np.array([sum(split)])
     all_reduce(total, group=group)
-    norm = math.sqrt(float(total[0]) + squares(replicated))
-    return clip_grad_norm_(split + replicated, max_norm, total_norm=norm)
+    return math.sqrt(float(total[0]) + sum(replicated))
 
 
 # ----------------------------------------------------------------------------- the trainer
@@ -311,7 +320,7 @@ class TensorParallelTrainer(Trainer):
     name = "tp"
 
     def __init__(self, config: GPTConfig, settings: OptimSettings, task, batch_size: int, seed: int = 0,
-                 group: World | None = None, sequence_parallel: bool = False):
+                 group: World | None = None, sequence_parallel: bool = False, precision: str = "fp32"):
         check_tensor_parallel(config, resolve(group).size, sequence_parallel)
         self.name = "tp-sp" if sequence_parallel else "tp"
         self.config, self.settings, self.task, self.batch_size = config, settings, task, batch_size
@@ -319,28 +328,34 @@ class TensorParallelTrainer(Trainer):
         self.local_model = model(config, group, seed=seed)  # this rank's shard
         self.group = self.local_model.group  # verified when the model was built
         self.model = None  # no full model to sample from on one rank (see the chapter)
-        self.optimizer = make_optimizer(self.local_model, settings)  # AdamW is elementwise: shards fine
+        self.amp = Precision(precision, settings)  # chapter 10: the format, the masters, the scaler
+        self.precision, self.scaler = self.amp.name, self.amp.scaler
+        # AdamW is elementwise: shards are fine (16 bits: on their fp32 masters)
+        self.optimizer = make_optimizer(self.local_model, settings, self.amp.cast(self.local_model))
         self.activation_bytes = 0
-        self.last_grad_norm = float("nan")
 
     def step(self, step: int):
         """One optimizer step on the global batch; returns (loss, accuracy), same on every rank."""
         x, y = self.task.get_batch(step, self.batch_size)
-        logits, loss = self.local_model(x, y)
+        with self.amp.autocast():  # fp32: nothing changes
+            logits, loss = self.local_model(x, y)
         if not self.activation_bytes:  # every step builds the same graph: measure it once
             self.activation_bytes = graph_bytes(loss)
         self.local_model.zero_grad()
-        loss.backward()
+        self.amp.scale(loss).backward()
         self.local_model.finish_gradients()
-        s = self.settings
-        if s.clip:
-            self.last_grad_norm = clip_grad_norm_tensor_parallel_(self.local_model, s.clip, self.group)
-        set_lr(self.optimizer, s.lr_at(step))
-        self.optimizer.step()
+        # clip by the whole model's norm (clip_grad_norm_tensor_parallel_'s), every rank agreeing on a skip
+        params = self.optimizer.params()
+        self.amp.step(self.optimizer, step, agree=lambda found_inf: any_rank(found_inf, self.group),
+                      norm=lambda grads: tensor_parallel_grad_norm(params, grads, self.group))
         return loss.item(), self.accuracy(logits.data, y)
 
     def accuracy(self, logits: np.ndarray, targets) -> float:
+        logits = np.asarray(logits, dtype=np.float32) if self.amp.low else logits
         return vocab_parallel_accuracy(logits, targets, self.group, self.local_model.vocab_start_index())
+
+    def report(self) -> dict:
+        return self.amp.report()
 
     def memory(self) -> dict:
         """This rank's ledger: its shards and the replicated parameters, their gradients and

@@ -47,17 +47,16 @@ from minidist import memory
 from minidist.comm import all_gather, all_reduce, reduce_scatter
 from minidist.comm.world import World, resolve
 from minidist.data import accuracy
-from minidist.mixed_precision import to_low_precision
+from minidist.mixed_precision import Precision
 from minidist.model import GPT, GPTConfig
 from minidist.parallel.fsdp import FullyShardedGPT
 from minidist.parallel.zero_partition import (FlatUnit, LiveBytes, ShardedAdamW, chunk_state,  # noqa: F401
                                               flat_parameters, load_chunk_state, make_units, master_chunks,
                                               mixed_precision_step)
-from minidist.precision import autocast
 from minidist.tensor import graph_bytes
 from minidist.reshard import Piece
 from minidist.train import (OptimSettings, Trainer, generator_state, load_generator_states, load_scaler_state,
-                            make_scaler, precision_report, scaler_state)
+                            scaler_state)
 
 
 # ----------------------------------------------------------------------------- stage 1
@@ -90,9 +89,10 @@ class Zero1Trainer(Trainer):
         # Every rank builds the full model from the seed (same numbers as the serial run), then
         # keeps only what its stage needs. Real ZeRO-3 avoids ever materialising it (meta device).
         self.module = model = self.build_model(config, seed)
-        self.precision, self.scaler = precision, make_scaler(precision, settings)
+        self.amp = Precision(precision, settings)  # chapter 10: the format, the masters, the scaler
+        self.precision, self.scaler = self.amp.name, self.amp.scaler
         # chapter 10: 16-bit weights (so 16-bit units and gradients), fp32 masters of my chunks
-        masters = to_low_precision(model, precision) if precision != "fp32" else None
+        masters = self.amp.cast(model)
         self.units = make_units(model, world.size, world.rank)
         # chapter 8: ranks that cut the same units from the same weights make matching calls
         # every step, so the group is checked once here and each collective below is one line
@@ -162,16 +162,16 @@ class Zero1Trainer(Trainer):
         loss_sum = acc_sum = 0.0
         for mx, my in zip(np.array_split(x, self.accumulation), np.array_split(y, self.accumulation)):
             share = len(mx) / len(x)  # 1/k: the micro-batch's part of this rank's mean loss
-            with autocast(self.precision):  # fp32: nothing changes
+            with self.amp.autocast():  # fp32: nothing changes
                 logits, loss = self._forward(mx, my)
             if not self.activation_bytes:  # one micro-batch's graph, the same every time: measure it once
                 self.activation_bytes = graph_bytes(loss)
-            self.scaler.scale_loss(loss * share).backward()  # fp16: x the loss scale, once per micro-batch
+            self.amp.scale(loss * share).backward()  # fp16: x the loss scale, once per micro-batch
             self._finish_backward()
             loss_sum += loss.item() * share
             acc_sum += self.accuracy(logits.data, my) * share
         self._finish_gradients()
-        if self.precision == "fp32":
+        if not self.amp.low:  # the sharded AdamW's own step; in 16 bits on the fp32 master chunks
             if self.settings.clip:
                 self.optimizer.clip_grad_norm_(self.settings.clip, *self.norm_groups())
             self.optimizer.step(self.settings.lr_at(step))
@@ -191,7 +191,7 @@ class Zero1Trainer(Trainer):
         return self.group
 
     def report(self) -> dict:
-        return precision_report(self.precision, self.scaler)
+        return self.amp.report()
 
     def norm_groups(self) -> tuple[list, list | None]:
         """(groups, weights) for `ShardedAdamW.grad_norm`: the chunks of the whole model are
