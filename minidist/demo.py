@@ -35,7 +35,8 @@ cp group, and what rank 0's attention computed), and layout gains "cp".
 
     python -m minidist.demo --dp 2 ... --checkpoint ckpt --checkpoint-every 50
                                       # saves ckpt/step-000050/ ...; the same command again resumes
-                                      # from the newest complete checkpoint (minidist/checkpoint.py)
+                                      # from the newest complete checkpoint (minidist/checkpoint.py),
+                                      # with this layout or any other (resharded: minidist/reshard.py)
 
 Under `mpirun -n N` with no layout flags the demo runs the tour: the serial reference on rank 0
 (the others wait politely, without spinning), then every strategy in `minidist/strategies.py`
