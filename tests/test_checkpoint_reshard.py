@@ -15,16 +15,14 @@ saves step 6 on the way; one serial process resumes that. Then bf16 dp2 -> dp4, 
 with gradient accumulation -> dp2-tp2 (the fp16 loss scaler's state travels too).
 """
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from conftest import relative_difference
+from test_checkpoint import demo  # the demo under mpiexec, with MINIDIST_KILL (the chaos test's)
 
 from minidist import checkpoint
-from minidist.comm.launch import find_mpiexec, run
+from minidist.comm.launch import run
 from minidist.precision import format_of
 from minidist.train import OptimSettings
 
@@ -36,17 +34,6 @@ CASES = {  # name: (flags, (saving layout, ranks), [(resuming layout, ranks), ..
     "bf16": (["--dtype", "float32"], ("dp2-bf16", 2), [("dp4-bf16", 4)]),
     "fp16": (["--dtype", "float32"], ("dp2-zero2-m2-fp16", 2), [("dp2-tp2-fp16", 4)]),
 }
-
-
-def demo(nprocs: int, *flags, kill: str | None = None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "minidist.demo", *flags]
-    if nprocs > 1:
-        cmd = [find_mpiexec(), "-n", str(nprocs)] + cmd
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    env.pop("MINIDIST_KILL", None)
-    if kill:
-        env["MINIDIST_KILL"] = kill
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
 
 
 def loaded_state(directory: str, flags: list[str]):
