@@ -1,7 +1,7 @@
 """Hidden checks of AdamW's update (chapter 1): other betas, no weight decay, several steps, in float64."""
 import numpy as np
 
-from minidist.optim import adamw_update
+from minidist.core.optim import adamw_update
 
 
 def test_three_steps_against_the_equations_written_out():

@@ -54,17 +54,17 @@ import numpy as np
 from tqdm import tqdm
 
 from minidist import checkpoint, cli, comm as dist, frameworks, strategies
-from minidist.data import make_task
+from minidist.core.data import make_task
 from minidist.comm import all_reduce_algorithm, faults, traffic
 from minidist.comm.collectives import ALL_REDUCE
-from minidist.kernels import kernels
+from minidist.core.kernels import kernels
 from minidist.layout import LAYOUT_FLAGS, Layout, strategy
-from minidist.model import GPTConfig
+from minidist.core.model import GPTConfig
 from minidist.moe import MoEConfig
-from minidist.recompute import check_recompute
+from minidist.core.recompute import check_recompute
 from minidist.parallel import checkpointing
 from minidist.runtime import limit_threads_per_rank, tune_malloc
-from minidist.tensor import set_default_dtype
+from minidist.core.tensor import set_default_dtype
 
 
 def data_source(text: str) -> str:

@@ -51,11 +51,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from minidist.data import make_task
-from minidist.model import GPTConfig
-from minidist.nn import Module
+from minidist.core.data import make_task
+from minidist.core.model import GPTConfig
+from minidist.core.nn import Module
 from minidist.precision import FORMATS, round_to
-from minidist.tensor import Function
+from minidist.core.tensor import Function
 from minidist.train import OptimSettings, SerialTrainer
 
 _FP32 = np.float32

@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, replace
 
-from minidist.model import GPTConfig
+from minidist.core.model import GPTConfig
 from minidist.moe import MoEConfig
 from minidist.parallel.composed import mesh_name
 from minidist.parallel.context_parallel import check_context_parallel, context_parallel_name
@@ -38,7 +38,7 @@ from minidist.parallel.expert_parallel import check_expert_parallel
 from minidist.parallel.pipeline_stage import check_pipeline_layout
 from minidist.parallel.schedules import SCHEDULES
 from minidist.parallel.tensor_parallel import check_tensor_parallel
-from minidist.recompute import check_recompute
+from minidist.core.recompute import check_recompute
 
 AXES = ("dp", "tp", "pp", "cp", "ep")        # the order of a layout's name
 PRECISIONS = ("fp32", "bf16", "fp16")

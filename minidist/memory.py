@@ -64,7 +64,7 @@ def optimizer_bytes(optimizer) -> int:
 def ledger(model, optimizer=None, activation_bytes: int = 0) -> dict:
     """The four piles of training memory in bytes, and `peak`, their sum.
 
-    Measure `activation_bytes` with `minidist.tensor.graph_bytes(loss)` right after the forward
+    Measure `activation_bytes` with `minidist.core.tensor.graph_bytes(loss)` right after the forward
     pass: that is when the autograd graph is largest (backward frees it as it goes). `peak` adds
     the four piles as if all were alive at once — the usual, slightly pessimistic, way to count:
     in one step the gradients grow during backward while the graph shrinks, but with gradient

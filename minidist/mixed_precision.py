@@ -34,7 +34,7 @@ import math
 import numpy as np
 
 from minidist.loss_scale import DynamicLossScaler
-from minidist.optim import AdamW, clip_grad_norm_, set_lr
+from minidist.core.optim import AdamW, clip_grad_norm_, set_lr
 from minidist.precision import LOW_PRECISION, autocast, round_to
 
 _FP32 = np.dtype(np.float32)

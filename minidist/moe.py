@@ -36,11 +36,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from minidist import functional as F
+from minidist.core import functional as F
 from minidist import memory
-from minidist.model import GPT, MLP, GPTConfig, init_weights
-from minidist.nn import Linear, Module
-from minidist.tensor import Tensor
+from minidist.core.model import GPT, MLP, GPTConfig, init_weights
+from minidist.core.nn import Linear, Module
+from minidist.core.tensor import Tensor
 from minidist.train import OptimSettings, SerialTrainer
 
 

@@ -41,7 +41,7 @@ from tqdm import tqdm
 
 from minidist import cli
 from minidist.memory import format_bytes
-from minidist.model import GPTConfig
+from minidist.core.model import GPTConfig
 from minidist.layout import Layout
 from minidist.plan_model import STATE_BYTES, Cluster, Workload, predict
 

@@ -59,7 +59,7 @@ class Cluster:
 @dataclass(frozen=True)
 class Workload:
     """What is trained: a GPTConfig, the global batch of sequences of length `seq`, and how."""
-    config: object                 # minidist.model.GPTConfig
+    config: object                 # minidist.core.model.GPTConfig
     global_batch: int
     seq: int
     precision: str = "mixed"       # "fp32" (4+4+8 bytes per parameter, as minidist runs), "fp64", "mixed" (2+2+12)

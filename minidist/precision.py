@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
-from minidist import tensor
+from minidist.core import tensor
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """What activation checkpointing saves and what it costs: measured, beside the formula.
 
-Chapter 11 (with minidist/recompute.py, the mechanism). Four measurements, each fast on a small GPT:
+Chapter 11 (with minidist/core/recompute.py, the mechanism). Four measurements, each fast on a small GPT:
 
 - `activation_bytes`: what the autograd graph keeps after forward (graph_bytes of the loss), and
   the largest graph that backward rebuilds at once, for one recompute setting;
@@ -41,8 +41,8 @@ import time
 import numpy as np
 
 from minidist import memory
-from minidist.recompute import check_recompute, record_recomputation, segment_bounds
-from minidist.tensor import default_dtype, graph_bytes
+from minidist.core.recompute import check_recompute, record_recomputation, segment_bounds
+from minidist.core.tensor import default_dtype, graph_bytes
 from minidist.train import OptimSettings, SerialTrainer
 
 DEMO = dict(vocab_size=256, block_size=64, n_layer=4, n_head=4, n_embd=128)  # the demo's model, batch 16

@@ -15,13 +15,13 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from minidist import memory
-from minidist.data import accuracy
+from minidist.core.data import accuracy
 from minidist.loss_scale import DynamicLossScaler
 from minidist.mixed_precision import MixedPrecisionAdamW, Precision
-from minidist.model import GPT, GPTConfig
-from minidist.optim import AdamW, lr_at, weight_decay_groups
+from minidist.core.model import GPT, GPTConfig
+from minidist.core.optim import AdamW, lr_at, weight_decay_groups
 from minidist.reshard import Piece, box_of, checked, cut, global_shape, whole
-from minidist.tensor import graph_bytes
+from minidist.core.tensor import graph_bytes
 
 
 @dataclass

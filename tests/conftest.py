@@ -18,9 +18,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minidist.data import make_task
-from minidist.model import GPTConfig
-from minidist.tensor import default_dtype
+from minidist.core.data import make_task
+from minidist.core.model import GPTConfig
+from minidist.core.tensor import default_dtype
 from minidist.train import OptimSettings, SerialTrainer
 
 

@@ -21,10 +21,10 @@ PACKAGE = Path(__file__).resolve().parents[1] / "minidist"
 
 # The core: the engine (autograd and its operations, both kernel paths), the layers, the model,
 # the optimizers, the data, the serial trainer and what it uses (chapters 1, 10, 11).
-CORE = [
-    "tensor", "functional", "operands", "shape_ops", "fused", "fused_fast", "kernels", "gradcheck",
-    "nn", "model", "optim", "data", "recompute", "recompute_cost", "precision", "mixed_precision",
-    "loss_scale", "fp8", "moe", "train", "memory",
+ENGINE = ["tensor", "functional", "operands", "shape_ops", "fused", "fused_fast", "kernels", "gradcheck", "nn",
+          "model", "optim", "data", "recompute"]  # minidist/core/
+CORE = [f"core.{name}" for name in ENGINE] + [
+    "recompute_cost", "precision", "mixed_precision", "loss_scale", "fp8", "moe", "train", "memory",
 ]
 # What is about distribution: the processes and messages, the strategies, and what is built on them.
 DISTRIBUTED = [
@@ -142,7 +142,7 @@ def test_no_import_circles_through_late_imports_either():
 def test_the_core_knows_nothing_of_distribution():
     graph = import_graph(late=True)
     for name in CORE:
-        assert f"minidist.{name}" in graph, f"minidist/{name}.py is gone: update CORE"
+        assert f"minidist.{name}" in graph, f"minidist/{name.replace('.', '/')}.py is gone: update CORE"
         chain = path_to(graph, f"minidist.{name}", _in(DISTRIBUTED))
         assert chain is None, "the core imports distribution: " + " -> ".join(chain)
 
@@ -173,10 +173,10 @@ def test_the_graph_sees_circles(tmp_path):
     assert path_to(graph, "pkg.a", lambda m: m == "pkg.sub.c") == ["pkg.a", "pkg.b", "pkg.sub.c"]
 
 
-@pytest.mark.parametrize("name", ["minidist.functional", "minidist.comm.p2p", "minidist.comm.collectives"])
+@pytest.mark.parametrize("name", ["minidist.core.functional", "minidist.comm.p2p", "minidist.comm.collectives"])
 def test_the_graph_reads_minidist(name):
     """A few edges the code plainly has, so that a broken reader cannot pass by seeing nothing."""
-    want = {"minidist.functional": {"minidist.tensor", "minidist.fused", "minidist.fused_fast"},
+    want = {"minidist.core.functional": {"minidist.core.tensor", "minidist.core.fused", "minidist.core.fused_fast"},
             "minidist.comm.p2p": {"minidist.comm.world", "minidist.comm.traffic", "minidist.comm.waiting"},
             "minidist.comm.collectives": {"minidist.comm.algorithms", "minidist.comm.cost"}}[name]
     assert want <= import_graph()[name]
@@ -193,3 +193,13 @@ def test_no_two_checks_share_a_name():
                 where.setdefault(node.name, []).append(name)
     shared = {fn: modules for fn, modules in where.items() if len(modules) > 1}
     assert not shared, f"check functions defined in more than one module: {shared}"
+
+
+def test_the_core_folder_stands_alone():
+    """minidist/core/ (chapter 1's engine) imports nothing of minidist outside it: the folder is
+    the first layer, and every other one builds on it."""
+    graph = import_graph(late=True)
+    outside = {(module, target) for module, targets in graph.items() if module.startswith("minidist.core")
+               for target in targets if not target.startswith("minidist.core")}
+    assert not outside, f"the core reaches outside minidist/core/: {sorted(outside)}"
+    assert {f"minidist.core.{name}" for name in ENGINE} <= set(graph)

@@ -51,7 +51,7 @@ def test_build_of_one_assignment_stubs_exactly_its_regions_and_stays_importable(
     assert "BEGIN SOLUTION" not in source
     # everything else is complete: the other regions keep their code and markers
     assert {r.name for r in all_regions(tmp_path)} == set(NAMES) - {"one_f_one_b"}
-    check = ("import minidist.parallel.schedules as s, minidist.comm.algorithms, minidist.optim, "
+    check = ("import minidist.parallel.schedules as s, minidist.comm.algorithms, minidist.core.optim, "
              "minidist.parallel.data_parallel, minidist.parallel.tensor_layers\n"
              "assert s.__file__.startswith(%r)\n"
              "try:\n    s.one_f_one_b(0, 2, 2)\nexcept NotImplementedError as e:\n    print(e)\n" % str(tmp_path))

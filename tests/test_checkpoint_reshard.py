@@ -41,7 +41,7 @@ def loaded_state(directory: str, flags: list[str]):
     resumes; its step and, on rank 0, its state as whole global arrays."""
     from minidist import comm, demo, frameworks, strategies
     from minidist.parallel import checkpointing
-    from minidist.tensor import set_default_dtype
+    from minidist.core.tensor import set_default_dtype
 
     world = comm.get_world()
     parser = demo.build_parser()

@@ -10,9 +10,9 @@ import pytest
 
 from minidist import checkpoint
 from minidist.comm.launch import run
-from minidist.data import make_task
-from minidist.model import GPTConfig
-from minidist.tensor import default_dtype
+from minidist.core.data import make_task
+from minidist.core.model import GPTConfig
+from minidist.core.tensor import default_dtype
 from minidist.train import OptimSettings
 
 CONFIG = dict(vocab_size=256, block_size=16, n_layer=2, n_head=2, n_embd=16)

@@ -1,9 +1,9 @@
-"""Datasets and samplers (minidist/data.py): batches are a function of (seed, step), rank slices
+"""Datasets and samplers (minidist/core/data.py): batches are a function of (seed, step), rank slices
 concatenate to the serial batch, and bad sizes fail with the numbers in the message."""
 import numpy as np
 import pytest
 
-from minidist.data import (IGNORE_INDEX, SortTask, TextData, accuracy, decode, encode, exact_match,
+from minidist.core.data import (IGNORE_INDEX, SortTask, TextData, accuracy, decode, encode, exact_match,
                            make_task, shard_rows)
 
 

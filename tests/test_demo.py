@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from minidist.comm.launch import find_mpiexec
-from minidist.model import GPT, GPTConfig
+from minidist.core.model import GPT, GPTConfig
 from minidist.runtime import cores_available
-from minidist.tensor import default_dtype
+from minidist.core.tensor import default_dtype
 
 SMALL = ["--n-layer", "2", "--n-embd", "32", "--n-head", "2", "--block-size", "16", "--batch-size", "8",
          "--log-every", "-1"]

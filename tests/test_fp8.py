@@ -10,12 +10,12 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from minidist import functional as F
+from minidist.core import functional as F
 from minidist.fp8 import DelayedScaling, Fp8Linear, TensorScaling, compare_fp8_bf16, quantize, use_fp8_mlp
-from minidist.model import GPT, GPTConfig
-from minidist.nn import Linear
+from minidist.core.model import GPT, GPTConfig
+from minidist.core.nn import Linear
 from minidist.precision import FORMATS, autocast
-from minidist.tensor import Tensor
+from minidist.core.tensor import Tensor
 
 TINY = GPTConfig(vocab_size=256, block_size=16, n_layer=2, n_head=2, n_embd=32)
 F32 = np.float32

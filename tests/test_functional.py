@@ -5,9 +5,9 @@ import re
 import numpy as np
 import pytest
 
-import minidist.functional as F
-from minidist.gradcheck import gradcheck
-from minidist.tensor import Tensor
+import minidist.core.functional as F
+from minidist.core.gradcheck import gradcheck
+from minidist.core.tensor import Tensor
 
 
 def t64(*shape, seed=0, positive=False, grad=True):

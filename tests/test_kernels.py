@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from conftest import relative_difference, serial_run
 
-import minidist.functional as F
-from minidist.kernels import current, kernels
-from minidist.optim import adamw_update
-from minidist.tensor import Tensor
+import minidist.core.functional as F
+from minidist.core.kernels import current, kernels
+from minidist.core.optim import adamw_update
+from minidist.core.tensor import Tensor
 
 PATHS = ("plain", "fast")
 
@@ -75,7 +75,7 @@ def test_switch_as_call_and_as_context_manager():
 
 
 def test_default_is_fast_and_the_environment_chooses():
-    script = "from minidist.kernels import current; print(current())"
+    script = "from minidist.core.kernels import current; print(current())"
     env = {k: v for k, v in os.environ.items() if k != "MINIDIST_KERNELS"}
     for value, expected in [(None, "fast"), ("plain", "plain"), ("fast", "fast")]:
         run_env = env if value is None else {**env, "MINIDIST_KERNELS": value}

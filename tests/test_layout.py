@@ -18,7 +18,7 @@ import pytest
 from minidist import demo
 from minidist.comm.launch import find_mpiexec
 from minidist.layout import Layout, strategy
-from minidist.model import GPTConfig
+from minidist.core.model import GPTConfig
 from minidist.moe import MoEConfig
 from minidist.plan import SCHEDULES, candidate_layouts, divisors
 

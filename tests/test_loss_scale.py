@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from minidist.loss_scale import DynamicLossScaler, non_finite
-from minidist.tensor import Tensor
+from minidist.core.tensor import Tensor
 
 F, T = False, True
 

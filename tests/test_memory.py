@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from minidist import memory
-from minidist.model import GPT, GPTConfig
-from minidist.optim import AdamW
-from minidist.tensor import default_dtype, graph_bytes
+from minidist.core.model import GPT, GPTConfig
+from minidist.core.optim import AdamW
+from minidist.core.tensor import default_dtype, graph_bytes
 
 SMALL = dict(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=16)
 

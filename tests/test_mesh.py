@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from minidist.comm.launch import run
-from minidist.model import GPTConfig
+from minidist.core.model import GPTConfig
 from minidist.parallel.mesh import axis_groups, check_mesh, coordinates, format_table, layout, rank_of
 
 FACTORISATIONS = [  # (world, dp, tp, pp)

@@ -9,12 +9,12 @@ cannot flip a routing decision.
 import numpy as np
 import pytest
 
-from minidist.data import make_task
-from minidist.gradcheck import gradcheck
-from minidist.model import GPT, GPTConfig
+from minidist.core.data import make_task
+from minidist.core.gradcheck import gradcheck
+from minidist.core.model import GPT, GPTConfig
 from minidist.moe import (MoEConfig, MoEGPT, MoELayer, MoETrainer, assign_slots, choice_counts, expert_capacity,
                           moe_param_count, queue_starts, top_k_experts)
-from minidist.tensor import Tensor, default_dtype
+from minidist.core.tensor import Tensor, default_dtype
 from minidist.train import OptimSettings
 
 TINY = dict(vocab_size=16, block_size=4, n_layer=2, n_head=2, n_embd=8, num_experts=4)
@@ -208,7 +208,7 @@ def test_parameters_names_and_initialisation():
 
 
 def test_loss_is_cross_entropy_plus_every_layers_aux_loss():
-    from minidist import functional as F
+    from minidist.core import functional as F
 
     with default_dtype("float64"):
         model = MoEGPT(MoEConfig(**TINY), seed=0)

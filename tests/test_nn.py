@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 
-from minidist import nn
-from minidist.gradcheck import gradcheck
-from minidist.tensor import Tensor, default_dtype
+from minidist.core import nn
+from minidist.core.gradcheck import gradcheck
+from minidist.core.tensor import Tensor, default_dtype
 
 
 class Tied(nn.Module):

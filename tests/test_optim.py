@@ -4,9 +4,9 @@ import math
 import numpy as np
 import pytest
 
-from minidist import nn
-from minidist.model import GPT, GPTConfig
-from minidist.optim import (
+from minidist.core import nn
+from minidist.core.model import GPT, GPTConfig
+from minidist.core.optim import (
     SGD,
     AdamW,
     adamw_update,
@@ -16,7 +16,7 @@ from minidist.optim import (
     set_lr,
     weight_decay_groups,
 )
-from minidist.tensor import Tensor, default_dtype
+from minidist.core.tensor import Tensor, default_dtype
 
 GRADS = [np.array([[0.5, -1.0], [2.0, 0.1]]), np.array([[-0.3, 0.2], [1.0, -4.0]]),
          np.array([[0.0, 0.7], [-1.5, 0.25]])]

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import relative_difference, serial_run
 from minidist.comm.launch import run
-from minidist.model import GPTConfig
+from minidist.core.model import GPTConfig
 from minidist.parallel.context_parallel import (ALGORITHMS, SPLITS, SequenceSplit, check_context_parallel,
                                                 context_parallel_name, context_parallel_traffic_per_step,
                                                 parse_context_parallel_name, ring_attention_traffic)
@@ -97,7 +97,7 @@ def attention_rank_program(shape):
     from minidist.comm import get_world, traffic
     from minidist.parallel.context_parallel import AttentionStats, SequenceSplit, ring_attention
     from minidist.parallel.ulysses import ulysses_attention
-    from minidist.tensor import Tensor, default_dtype, graph_bytes
+    from minidist.core.tensor import Tensor, default_dtype, graph_bytes
 
     world = get_world()
     groups = {4: world.split(color=0, label="cp").verify("test", shape),
@@ -135,8 +135,8 @@ def attention():
 
 @pytest.fixture(scope="module")
 def serial_attention():
-    from minidist import functional as F
-    from minidist.tensor import Tensor, default_dtype, graph_bytes
+    from minidist.core import functional as F
+    from minidist.core.tensor import Tensor, default_dtype, graph_bytes
 
     q, k, v, w = np.random.default_rng(0).normal(size=(4, *SHAPE))
     out = {}
@@ -217,7 +217,7 @@ def test_attention_scores_and_memory_per_rank(attention, serial_attention, case)
 def test_ring_attention_refuses_a_wrong_shape():
     from minidist.comm import get_world
     from minidist.parallel.context_parallel import ring_attention
-    from minidist.tensor import Tensor
+    from minidist.core.tensor import Tensor
 
     q = Tensor(np.zeros((1, 2, 8, 4)))
     with pytest.raises(ValueError, match=r"expected one shape \(B, H, 16, D\)"):
@@ -229,10 +229,10 @@ def test_ring_attention_refuses_a_wrong_shape():
 
 def training_rank_program(layouts, config):
     from minidist.comm import get_world, traffic
-    from minidist.data import make_task
+    from minidist.core.data import make_task
     from minidist.parallel import checkpointing
     from minidist.parallel.context_parallel import ContextParallelTrainer, context_parallel_traffic_per_step
-    from minidist.tensor import default_dtype
+    from minidist.core.tensor import default_dtype
     from minidist.train import OptimSettings
 
     world = get_world()

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import check_against_serial, serial_run
 from minidist.comm.launch import run
-from minidist.model import GPTConfig
+from minidist.core.model import GPTConfig
 from minidist.parallel.composed import check_composed, mesh_name
 
 CONFIG = dict(vocab_size=256, block_size=16, n_layer=2, n_head=4, n_embd=16)
@@ -39,9 +39,9 @@ def degrees(layout: dict) -> tuple[int, int, int, int]:
 
 def mesh_rank_program(layouts, config):
     from minidist.comm import get_world, traffic
-    from minidist.data import make_task
+    from minidist.core.data import make_task
     from minidist.parallel.composed import MeshTrainerFor
-    from minidist.tensor import default_dtype
+    from minidist.core.tensor import default_dtype
     from minidist.train import OptimSettings
 
     out = {}

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from conftest import layout, relative_difference, serial_run
 
-from minidist.data import make_task
+from minidist.core.data import make_task
 from minidist.comm.launch import find_mpiexec, run
-from minidist.model import GPTConfig
-from minidist.tensor import default_dtype
+from minidist.core.model import GPTConfig
+from minidist.core.tensor import default_dtype
 from minidist.train import OptimSettings
 
 CONFIG = dict(vocab_size=256, block_size=16, n_layer=2, n_head=2, n_embd=16)
@@ -261,7 +261,7 @@ def test_row_balancer_moves_rows_only_for_a_real_gain():
 
 
 def test_uneven_rows_are_slices_of_the_serial_batch():
-    from minidist.data import shard_rows
+    from minidist.core.data import shard_rows
 
     task = make_task("sort", 16, seed=0)
     x, _ = task.get_batch(3, 10)

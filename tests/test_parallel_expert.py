@@ -12,11 +12,11 @@ import pytest
 
 from conftest import check_against_serial
 from minidist.comm.launch import run
-from minidist.data import make_task
-from minidist.model import GPTConfig
+from minidist.core.data import make_task
+from minidist.core.model import GPTConfig
 from minidist.moe import MoEConfig, MoETrainer, moe_param_count
 from minidist.parallel.expert_parallel import check_expert_parallel, expert_parallel_traffic
-from minidist.tensor import default_dtype
+from minidist.core.tensor import default_dtype
 from minidist.train import OptimSettings
 
 CONFIG = dict(vocab_size=256, block_size=16, n_layer=2, n_head=2, n_embd=16, num_experts=4)
@@ -35,11 +35,11 @@ def label(layout: dict) -> str:
 
 def ep_rank_program(layouts, config, settings, steps, batch, resumed):
     from minidist.comm import get_world, traffic
-    from minidist.data import make_task
+    from minidist.core.data import make_task
     from minidist.moe import MoEConfig
     from minidist.parallel import checkpointing
     from minidist.parallel.expert_parallel import ExpertParallelTrainer
-    from minidist.tensor import default_dtype
+    from minidist.core.tensor import default_dtype
     from minidist.train import OptimSettings
 
     out = {}

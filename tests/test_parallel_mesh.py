@@ -16,7 +16,7 @@ import pytest
 
 from conftest import check_against_serial, serial_run
 from minidist.comm.launch import run
-from minidist.model import GPTConfig
+from minidist.core.model import GPTConfig
 from minidist.parallel.composed import check_composed, mesh_name
 
 CONFIG = dict(vocab_size=256, block_size=16, n_layer=4, n_head=4, n_embd=16)
@@ -41,11 +41,11 @@ def label(layout: dict) -> str:
 
 def mesh_rank_program(layouts, config):
     from minidist.comm import get_world, traffic
-    from minidist.data import make_task
-    from minidist.model import GPTConfig
+    from minidist.core.data import make_task
+    from minidist.core.model import GPTConfig
     from minidist.parallel.composed import MeshTrainerFor
     from minidist.parallel.zero_tensor import STAGES
-    from minidist.tensor import default_dtype
+    from minidist.core.tensor import default_dtype
     from minidist.train import OptimSettings
 
     out = {}
@@ -174,9 +174,9 @@ def recompute_in_a_mesh():
     """tp2 x pp2 with dropout, with and without sequence parallelism: full recomputation of each
     stage's blocks (chapter 11) against none."""
     from minidist.comm import get_world
-    from minidist.data import make_task
+    from minidist.core.data import make_task
     from minidist.parallel.composed import MeshTrainer
-    from minidist.tensor import default_dtype
+    from minidist.core.tensor import default_dtype
     from minidist.train import OptimSettings
 
     out = {}

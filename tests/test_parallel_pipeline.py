@@ -11,11 +11,11 @@ import pytest
 
 from conftest import layout, relative_difference, serial_run
 from minidist.comm.launch import RankError, run
-from minidist.data import make_task
-from minidist.model import GPTConfig
+from minidist.core.data import make_task
+from minidist.core.model import GPTConfig
 from minidist.parallel.pipeline import check_pipeline_layout, chunk_layers, partition
 from minidist.parallel.schedules import make_schedule, peak_in_flight
-from minidist.tensor import default_dtype
+from minidist.core.tensor import default_dtype
 from minidist.train import OptimSettings
 
 CONFIG = dict(vocab_size=256, block_size=16, n_layer=4, n_head=2, n_embd=16)

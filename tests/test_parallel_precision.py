@@ -36,8 +36,8 @@ def name(layout):
 def build(layout: dict, precision: str):
     """The trainer of a layout: ZeRO over all ranks, ZeRO-2/3 over dp x tp, or the mesh."""
     from minidist.comm import get_world
-    from minidist.data import make_task
-    from minidist.model import GPTConfig
+    from minidist.core.data import make_task
+    from minidist.core.model import GPTConfig
     from minidist.parallel.composed import MeshTrainerFor
     from minidist.parallel.zero import ZeroTrainer
     from minidist.parallel.zero_tensor import STAGES
@@ -54,8 +54,8 @@ def build(layout: dict, precision: str):
 
 
 def serial(precision):
-    from minidist.data import make_task
-    from minidist.model import GPTConfig
+    from minidist.core.data import make_task
+    from minidist.core.model import GPTConfig
     from minidist.train import OptimSettings, SerialTrainer
 
     trainer = SerialTrainer(GPTConfig(**CONFIG), OptimSettings(**SETTINGS), make_task("sort", 16, seed=0), BATCH,
@@ -88,8 +88,8 @@ def mesh_program(layouts, precisions):
 def overflow_program():
     """fp16, tp2 x pp2: at step 2, rank 3 alone finds an inf in one gradient of its shard."""
     from minidist.comm import get_world
-    from minidist.data import make_task
-    from minidist.model import GPTConfig
+    from minidist.core.data import make_task
+    from minidist.core.model import GPTConfig
     from minidist.parallel.composed import MeshTrainer
     from minidist.train import OptimSettings
 
@@ -232,8 +232,8 @@ def test_fp32_gradients_of_16_bit_weights_cost_4_bytes_and_twice_the_dp_traffic(
 
 def context_parallel_program(precisions):
     from minidist.comm import get_world
-    from minidist.data import make_task
-    from minidist.model import GPTConfig
+    from minidist.core.data import make_task
+    from minidist.core.model import GPTConfig
     from minidist.parallel.context_parallel import ContextParallelTrainer
     from minidist.train import OptimSettings
 
@@ -272,7 +272,7 @@ MOE = dict(CONFIG, num_experts=4, top_k=2, capacity_factor=1.25)
 
 def moe_program(precisions):
     from minidist.comm import get_world
-    from minidist.data import make_task
+    from minidist.core.data import make_task
     from minidist.moe import MoEConfig
     from minidist.parallel.expert_parallel import ExpertParallelTrainer
     from minidist.train import OptimSettings
@@ -292,7 +292,7 @@ def moe_program(precisions):
 def test_expert_parallelism_follows_the_serial_mixture_within_the_formats_bounds(precision):
     """Experts over ep = 2 of 2 ranks in 16 bits: the router's softmax runs in fp32 (autocast's
     policy), so the routing of the serial 16-bit run repeats; losses within 8 eps."""
-    from minidist.data import make_task
+    from minidist.core.data import make_task
     from minidist.moe import MoEConfig, MoETrainer
     from minidist.train import OptimSettings
 
@@ -314,8 +314,8 @@ def alone_program(precisions):
     """Chapter 6's TensorParallelTrainer and chapter 5's PipelineTrainer in 16 bits on 2 ranks:
     each holds the same Precision object as every other trainer (not the mesh's code path)."""
     from minidist.comm import get_world
-    from minidist.data import make_task
-    from minidist.model import GPTConfig
+    from minidist.core.data import make_task
+    from minidist.core.model import GPTConfig
     from minidist.parallel.pipeline import PipelineTrainer
     from minidist.parallel.tensor_parallel import TensorParallelTrainer
     from minidist.train import OptimSettings

@@ -16,9 +16,9 @@ import pytest
 from conftest import layout, ranks_on_each_node, relative_difference, serial_run
 from minidist.comm.hierarchical import BETWEEN_NODES
 from minidist.comm.launch import run
-from minidist.data import make_task
-from minidist.model import GPT, GPTConfig
-from minidist.tensor import default_dtype
+from minidist.core.data import make_task
+from minidist.core.model import GPT, GPTConfig
+from minidist.core.tensor import default_dtype
 from minidist.train import OptimSettings
 
 CONFIG = dict(vocab_size=256, block_size=16, n_layer=2, n_head=4, n_embd=16)
@@ -49,12 +49,12 @@ def _model(config, world, sequence_parallel):
 
 def layer_checks(world):
     """Each TP layer against the serial layer holding the full weights: max relative differences."""
-    from minidist import functional as F
-    from minidist.nn import Embedding, Linear
+    from minidist.core import functional as F
+    from minidist.core.nn import Embedding, Linear
     from minidist.parallel.tensor_layers import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
                                                  copy_to_tensor_parallel_region, reduce_from_tensor_parallel_region,
                                                  vocab_parallel_cross_entropy)
-    from minidist.tensor import Tensor
+    from minidist.core.tensor import Tensor
 
     t, r = world.size, world.rank
     rng = np.random.default_rng(0)  # the same numbers on every rank
@@ -136,7 +136,7 @@ def sequence_checks(world):
     from minidist.parallel.sequence import (gather_from_sequence_parallel_region,
                                             reduce_scatter_to_sequence_parallel_region,
                                             scatter_to_sequence_parallel_region)
-    from minidist.tensor import Tensor
+    from minidist.core.tensor import Tensor
 
     t, r = world.size, world.rank
     rng = np.random.default_rng(1)  # the same numbers on every rank
@@ -170,7 +170,7 @@ def sp_versus_tp(world):
     bytes of the graph (also with dropout, where both must draw the same masks), and a sequence
     length that does not divide by t, which must fail before any message."""
     from minidist.comm import all_reduce_algorithm, traffic
-    from minidist.tensor import graph_bytes
+    from minidist.core.tensor import graph_bytes
 
     task = make_task("sort", CONFIG["block_size"], seed=0)
     x, y = task.get_batch(0, BATCH)

@@ -11,10 +11,10 @@ import pytest
 from conftest import layout, relative_difference, serial_run
 
 from minidist.comm.cost import zero_bytes_sent
-from minidist.data import make_task
+from minidist.core.data import make_task
 from minidist.comm.launch import run
-from minidist.model import GPT, GPTConfig
-from minidist.tensor import default_dtype
+from minidist.core.model import GPT, GPTConfig
+from minidist.core.tensor import default_dtype
 from minidist.train import OptimSettings
 
 CONFIG = dict(vocab_size=256, block_size=16, n_layer=2, n_head=2, n_embd=16)

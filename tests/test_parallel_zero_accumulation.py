@@ -12,10 +12,10 @@ import pytest
 from conftest import check_against_serial, relative_difference, serial_run
 
 from minidist.comm.launch import run
-from minidist.data import make_task
-from minidist.model import GPTConfig
+from minidist.core.data import make_task
+from minidist.core.model import GPTConfig
 from minidist.precision import FORMATS
-from minidist.tensor import default_dtype
+from minidist.core.tensor import default_dtype
 from minidist.train import OptimSettings
 
 CONFIG = dict(vocab_size=256, block_size=16, n_layer=2, n_head=2, n_embd=16)

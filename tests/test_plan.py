@@ -11,7 +11,7 @@ import pytest
 from minidist import memory
 from minidist.bench.plan import demo_flags, spearman
 from minidist.comm import cost
-from minidist.model import GPT, GPTConfig
+from minidist.core.model import GPT, GPTConfig
 from minidist.parallel import schedules as S
 from minidist.parallel.mesh import layout as mesh_layout
 from minidist.parallel.pipeline import PipelineStage
@@ -20,7 +20,7 @@ from minidist.plan import PRESETS, SCHEDULES, candidate_layouts, format_table, m
 from minidist.plan_model import (Cluster, Layout, Workload, flops_per_step, group_span, heaviest_stage, in_flight,
                                  interleaved_peak, padded_vocab, predict, rank_ledger, rank_parameter_count,
                                  rank_units, stage_ledger, state_bytes)
-from minidist.tensor import Tensor, graph_bytes
+from minidist.core.tensor import Tensor, graph_bytes
 from minidist.train import OptimSettings, make_optimizer
 
 DEMO = GPTConfig()  # vocab 256, block 64, 4 layers, 4 heads, 128 wide, tied

@@ -9,13 +9,13 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from minidist import functional as F
-from minidist.data import make_task
+from minidist.core import functional as F
+from minidist.core.data import make_task
 from minidist.mixed_precision import MixedPrecisionAdamW, to_low_precision
-from minidist.model import GPT, GPTConfig
-from minidist.nn import Parameter
+from minidist.core.model import GPT, GPTConfig
+from minidist.core.nn import Parameter
 from minidist.precision import FORMATS, autocast, round_to
-from minidist.tensor import Tensor
+from minidist.core.tensor import Tensor
 from minidist.train import OptimSettings, SerialTrainer
 
 CONFIG = GPTConfig(vocab_size=256, block_size=16, n_layer=2, n_head=2, n_embd=32)

@@ -5,16 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minidist import functional as F
+from minidist.core import functional as F
 from minidist import memory, recompute_cost
-from minidist.data import make_task
-from minidist.gradcheck import gradcheck
-from minidist.kernels import kernels
-from minidist.model import GPT, Block, GPTConfig
-from minidist.nn import Dropout, Linear, Module
+from minidist.core.data import make_task
+from minidist.core.gradcheck import gradcheck
+from minidist.core.kernels import kernels
+from minidist.core.model import GPT, Block, GPTConfig
+from minidist.core.nn import Dropout, Linear, Module
 from minidist.precision import autocast
-from minidist.recompute import checkpoint, checkpoint_sequential, record_recomputation, segment_bounds
-from minidist.tensor import Tensor, default_dtype, graph_bytes, no_grad
+from minidist.core.recompute import checkpoint, checkpoint_sequential, record_recomputation, segment_bounds
+from minidist.core.tensor import Tensor, default_dtype, graph_bytes, no_grad
 from minidist.train import OptimSettings, SerialTrainer, generator_states
 
 TINY = dict(vocab_size=64, block_size=8, n_layer=4, n_head=2, n_embd=16)

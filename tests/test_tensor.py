@@ -4,9 +4,9 @@ import sys
 import numpy as np
 import pytest
 
-import minidist.functional as F
-from minidist.gradcheck import gradcheck
-from minidist.tensor import (
+import minidist.core.functional as F
+from minidist.core.gradcheck import gradcheck
+from minidist.core.tensor import (
     Function,
     Tensor,
     default_dtype,

@@ -26,7 +26,7 @@ class Assignment:
 ASSIGNMENTS = [
     Assignment("sendrecv", 2, 1, 15, "minidist/comm/p2p.py sendrecv (send and receive at once, without deadlock)",
                ("minidist/assignments/checks/test_sendrecv.py",)),
-    Assignment("adamw_update", 1, 2, 20, "minidist/optim.py adamw_update (the plain equations)",
+    Assignment("adamw_update", 1, 2, 20, "minidist/core/optim.py adamw_update (the plain equations)",
                ("tests/test_optim.py::test_adamw_matches_hand_computed_steps",
                 "tests/test_optim.py::test_adamw_first_step_moves_each_weight_by_lr",
                 "tests/test_optim.py::test_adamw_update_function_in_place"),

@@ -1,6 +1,6 @@
 """The demo GPT written in PyTorch, only as a yardstick for `python -m minidist.bench step`.
 
-Same architecture as minidist/model.py (separate q/k/v projections, pre-LayerNorm, tanh GELU,
+Same architecture as minidist/core/model.py (separate q/k/v projections, pre-LayerNorm, tanh GELU,
 tied head), eager mode, AdamW. Imported only when torch is installed.
 """
 import torch

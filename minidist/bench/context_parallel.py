@@ -50,12 +50,12 @@ def relative_difference(a, b) -> float:
 def measure(shape: tuple, repeats: int) -> dict:
     """Rank program: {(algorithm, split): this rank's counts, CPU seconds, bytes, error}, and the
     serial kernel's CPU seconds on the whole sequence ("serial")."""
-    from minidist import functional as F
+    from minidist.core import functional as F
     from minidist.comm import get_world, set_wait_policy, traffic
     from minidist.parallel.context_parallel import AttentionStats, SequenceSplit, ring_attention
     from minidist.parallel.ulysses import ulysses_attention
     from minidist.runtime import tune_malloc
-    from minidist.tensor import Tensor, default_dtype
+    from minidist.core.tensor import Tensor, default_dtype
 
     tune_malloc()
     set_wait_policy(spin=0.0)  # a waiting rank sleeps: its CPU seconds are its own work, not its waiting

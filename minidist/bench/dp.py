@@ -56,14 +56,14 @@ def rank_program(modes: list[str], steps: int, warmup: int, batch: int, bucket_k
     to measure how the waiting policy of minidist/comm/waiting.py affects the step. `slow` = (rank,
     seconds per row) makes that rank's every trainer slower (`minidist.lab.stragglers`)."""
     from minidist import comm as dist
-    from minidist.data import make_task
+    from minidist.core.data import make_task
     from minidist.comm import traffic
-    from minidist.model import GPTConfig
+    from minidist.core.model import GPTConfig
     from minidist.lab.stragglers import make_straggler
     from minidist.parallel.balance import BalancedDataParallelTrainer
     from minidist.parallel.data_parallel import DataParallelTrainer
     from minidist.runtime import tune_malloc
-    from minidist.tensor import default_dtype
+    from minidist.core.tensor import default_dtype
     from minidist.train import OptimSettings, SerialTrainer
 
     tune_malloc()

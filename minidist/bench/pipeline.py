@@ -28,8 +28,8 @@ import time
 import numpy as np
 
 from minidist import cli
-from minidist.data import make_task
-from minidist.model import GPTConfig
+from minidist.core.data import make_task
+from minidist.core.model import GPTConfig
 from minidist.train import OptimSettings
 
 DEFAULT_CONFIG = dict(vocab_size=256, block_size=64, n_layer=4, n_head=4, n_embd=128)
@@ -41,7 +41,7 @@ def measure(schedules=("gpipe", "1f1b"), microbatches=(1, 2, 4, 8), steps: int =
     its pipeline traffic per step ("messages", "bytes_sent": this rank's, not the sum)."""
     from minidist.comm import get_world, traffic
     from minidist.parallel.pipeline import PipelineTrainer
-    from minidist.tensor import default_dtype
+    from minidist.core.tensor import default_dtype
 
     config = GPTConfig(**(config or DEFAULT_CONFIG))
     records = []

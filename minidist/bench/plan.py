@@ -46,8 +46,8 @@ import numpy as np
 from minidist import cli
 from minidist.comm import cost
 from minidist.comm.launch import find_mpiexec, run
-from minidist.data import make_task
-from minidist.model import GPTConfig
+from minidist.core.data import make_task
+from minidist.core.model import GPTConfig
 from minidist.plan import candidate_layouts, plan
 from minidist.layout import Layout
 from minidist.plan_model import Cluster, Workload, flops_per_step, rank_ledger

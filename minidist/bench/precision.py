@@ -66,8 +66,8 @@ def settings_for(steps: int):
 
 def serial(config: dict, steps: int, batch_size: int) -> dict:
     """The three precisions trained serially in this process."""
-    from minidist.data import make_task
-    from minidist.model import GPTConfig
+    from minidist.core.data import make_task
+    from minidist.core.model import GPTConfig
     from minidist.train import SerialTrainer
 
     task = make_task("sort", config["block_size"], seed=0)
@@ -78,8 +78,8 @@ def serial(config: dict, steps: int, batch_size: int) -> dict:
 def data_parallel(config: dict, steps: int, batch_size: int) -> dict:
     """Rank program: the three precisions as data parallelism over the job's ranks."""
     from minidist.comm import get_world
-    from minidist.data import make_task
-    from minidist.model import GPTConfig
+    from minidist.core.data import make_task
+    from minidist.core.model import GPTConfig
     from minidist.parallel.data_parallel import DataParallelTrainer
     from minidist.runtime import limit_threads_per_rank
 

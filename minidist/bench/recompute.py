@@ -33,11 +33,11 @@ import time
 from threadpoolctl import threadpool_limits
 
 from minidist import cli
-from minidist.model import GPTConfig
-from minidist.recompute import MODES
+from minidist.core.model import GPTConfig
+from minidist.core.recompute import MODES
 from minidist.recompute_cost import DEMO, RandomTokens, activation_bytes, ledger, predicted_activation_bytes
 from minidist.runtime import tune_malloc
-from minidist.tensor import default_dtype
+from minidist.core.tensor import default_dtype
 from minidist.train import OptimSettings, SerialTrainer
 from minidist.bench import write_records
 

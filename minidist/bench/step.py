@@ -3,7 +3,7 @@
 Chapter 1. Times forward + backward + AdamW step of the demo model (vocab 256, block 64,
 n_embd 128, 4 layers, 4 heads, batch 16) in float32 and float64 and prints, side by side:
 
-- minidist's step on each kernel path (`minidist.kernels`): fast, and plain (fused.py's
+- minidist's step on each kernel path (`minidist.core.kernels`): fast, and plain (fused.py's
   formulas as written): median over the timed steps after warm-up, and tokens/s;
 - the floor: the same matrix multiplications (every GEMM of forward and backward) done
   directly in NumPy, with nothing else — no framework can beat that on these BLAS calls;
@@ -11,7 +11,7 @@ n_embd 128, 4 layers, 4 heads, batch 16) in float32 and float64 and prints, side
   dependency of minidist: `pip install torch` to see it), and PyTorch's own floor: the same
   GEMMs on its BLAS (often MKL, faster than NumPy's OpenBLAS), so that each framework's step can
   be set against its own matrix products ("torch_matmul_floor_seconds");
-- where minidist's time goes, per operation (`minidist.tensor.profile`).
+- where minidist's time goes, per operation (`minidist.core.tensor.profile`).
 
 All are timed in turns, step after step, so that they share the machine's conditions. The JSON
 record's "seconds", "tokens_per_s" and "ops" are those of the path named in "kernels" (fast,
@@ -28,11 +28,11 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from minidist import cli
-from minidist.kernels import kernels
-from minidist.model import GPT, GPTConfig
-from minidist.optim import AdamW
+from minidist.core.kernels import kernels
+from minidist.core.model import GPT, GPTConfig
+from minidist.core.optim import AdamW
 from minidist.runtime import tune_malloc
-from minidist.tensor import default_dtype, profile
+from minidist.core.tensor import default_dtype, profile
 
 CONFIG = GPTConfig(vocab_size=256, block_size=64, n_layer=4, n_head=4, n_embd=128)
 BATCH = 16
@@ -144,7 +144,7 @@ def main(argv=None):
     parser.add_argument("--warmup", type=cli.integer(0), default=3)
     parser.add_argument("--dtype", choices=["float32", "float64", "both"], default="both")
     parser.add_argument("--kernels", choices=["fast", "plain", "both"], default="both",
-                        help="which kernel path(s) of minidist to time (minidist.kernels)")
+                        help="which kernel path(s) of minidist to time (minidist.core.kernels)")
     parser.add_argument("--no-torch", action="store_true", help="skip PyTorch even when installed")
     parser.add_argument("--json", metavar="PATH", type=cli.output_file)
     args = parser.parse_args(argv)

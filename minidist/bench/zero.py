@@ -23,8 +23,8 @@ import json
 
 from minidist import cli, memory
 from minidist.comm.cost import zero_bytes_sent
-from minidist.data import make_task
-from minidist.model import GPTConfig
+from minidist.core.data import make_task
+from minidist.core.model import GPTConfig
 from minidist.train import OptimSettings
 
 DEFAULT_CONFIG = dict(vocab_size=256, block_size=64, n_layer=4, n_head=4, n_embd=128)
@@ -36,8 +36,8 @@ def measure(stages=(0, 1, 2, 3), steps: int = 2, batch_size: int = 16, config: d
     from minidist.comm import get_world, traffic
     from minidist.parallel.data_parallel import DataParallelTrainer
     from minidist.parallel.zero import ZeroTrainer, make_units
-    from minidist.model import GPT
-    from minidist.tensor import default_dtype
+    from minidist.core.model import GPT
+    from minidist.core.tensor import default_dtype
 
     world = get_world()
     n = world.size

@@ -7,7 +7,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from minidist.layout import Layout
-from minidist.model import GPTConfig
+from minidist.core.model import GPTConfig
 
 BETAS, EPS = (0.9, 0.95), 1e-8  # minidist's AdamW (train.make_optimizer)
 DEMO_VOCAB = 256                 # the demo's byte-level data

@@ -26,14 +26,14 @@ def train_variants(variants: list[dict], config: dict, steps: int, batch: int, d
     import time
 
     from minidist import comm as dist
-    from minidist.data import make_task
+    from minidist.core.data import make_task
     from minidist.comm import traffic
-    from minidist.model import GPTConfig
+    from minidist.core.model import GPTConfig
     from minidist.lab.stragglers import make_straggler
     from minidist.parallel.balance import BalancedDataParallelTrainer
     from minidist.parallel.data_parallel import DataParallelTrainer
     from minidist.runtime import tune_malloc
-    from minidist.tensor import default_dtype
+    from minidist.core.tensor import default_dtype
     from minidist.train import OptimSettings
 
     tune_malloc()

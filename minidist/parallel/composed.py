@@ -56,8 +56,8 @@ import numpy as np
 from minidist import memory
 from minidist.comm import all_gather, all_reduce, reduce_scatter
 from minidist.comm.world import World, resolve
-from minidist.data import accuracy
-from minidist.model import GPTConfig
+from minidist.core.data import accuracy
+from minidist.core.model import GPTConfig
 from minidist.parallel.context_parallel import SequenceSplit
 from minidist.parallel.context_stage import ContextSplit, check_context_stage, context_parallel_stage
 from minidist.parallel.data_parallel import DistributedDataParallel
@@ -67,7 +67,7 @@ from minidist.parallel.tensor_parallel import check_tensor_parallel, consolidate
 from minidist.parallel.tensor_stage import SequenceParallelStage, TensorParallelStage
 from minidist.parallel.zero_partition import (ShardedAdamW, chunk_state, flat_parameters, load_chunk_state,
                                               make_units, master_chunks, mixed_precision_step)
-from minidist.tensor import get_default_dtype
+from minidist.core.tensor import get_default_dtype
 from minidist.train import (OptimSettings, generator_state, load_generator_states, load_scaler_state,
                             load_training_state, scaler_state,
                             training_state)

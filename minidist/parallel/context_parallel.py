@@ -53,13 +53,13 @@ import numpy as np
 from minidist import memory
 from minidist.comm import all_reduce, any_rank, irecv, isend, wait
 from minidist.comm.world import World, resolve
-from minidist.data import IGNORE_INDEX, shard_rows
+from minidist.core.data import IGNORE_INDEX, shard_rows
 from minidist.mixed_precision import Precision
-from minidist.model import GPT, GPTConfig
+from minidist.core.model import GPT, GPTConfig
 from minidist.parallel.data_parallel import DistributedDataParallel
 from minidist.parallel.mesh import DeviceMesh
 from minidist.parallel.ulysses import check_ulysses, ulysses_attention, ulysses_traffic
-from minidist.tensor import Function, get_default_dtype, graph_bytes
+from minidist.core.tensor import Function, get_default_dtype, graph_bytes
 from minidist.train import (OptimSettings, Trainer, load_training_state, make_optimizer, training_state)
 
 ALGORITHMS, SPLITS = ("ring", "ulysses"), ("zigzag", "contiguous")

@@ -25,14 +25,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from minidist.data import IGNORE_INDEX
-from minidist.model import GPTConfig
+from minidist.core.data import IGNORE_INDEX
+from minidist.core.model import GPTConfig
 from minidist.parallel.context_parallel import (AttentionStats, SequenceSplit, check_context_parallel,
                                                 context_parallel_traffic_per_step, ring_attention)
 from minidist.parallel.pipeline_stage import PipelineStage
 from minidist.parallel.tensor_stage import SequenceParallelStage, TensorParallelStage
 from minidist.parallel.ulysses import ulysses_attention
-from minidist.tensor import get_default_dtype
+from minidist.core.tensor import get_default_dtype
 
 
 def check_context_stage(config: GPTConfig, cp: int, tp: int = 1, algorithm: str = "ring", split: str = "zigzag",

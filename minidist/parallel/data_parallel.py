@@ -36,10 +36,10 @@ import numpy as np
 from minidist import memory
 from minidist.comm import all_reduce, any_rank, broadcast
 from minidist.comm.world import World, resolve
-from minidist.data import accuracy
+from minidist.core.data import accuracy
 from minidist.mixed_precision import Precision
-from minidist.model import GPT, GPTConfig
-from minidist.tensor import graph_bytes
+from minidist.core.model import GPT, GPTConfig
+from minidist.core.tensor import graph_bytes
 from minidist.timeline import Timeline
 from minidist.train import (OptimSettings, Trainer, load_training_state, make_optimizer, training_state)
 

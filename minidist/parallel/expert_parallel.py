@@ -40,15 +40,15 @@ import re
 
 import numpy as np
 
-from minidist import functional as F
+from minidist.core import functional as F
 from minidist import memory
 from minidist.comm import all_gather, all_reduce, all_to_all, any_rank
 from minidist.comm.world import World, resolve
-from minidist.data import accuracy
+from minidist.core.data import accuracy
 from minidist.mixed_precision import Precision
 from minidist.moe import MoEConfig, MoEGPT, MoELayer, Routing, is_moe_param, moe_param_count, moe_report
 from minidist.parallel.mesh import DeviceMesh
-from minidist.tensor import Function, Tensor, get_default_dtype, graph_bytes
+from minidist.core.tensor import Function, Tensor, get_default_dtype, graph_bytes
 from minidist.train import (OptimSettings, Trainer, load_training_state, make_optimizer,
                             training_state)
 

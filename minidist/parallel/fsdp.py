@@ -33,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 
 from minidist.comm import all_gather
-from minidist.tensor import Function, Tensor, is_grad_enabled
+from minidist.core.tensor import Function, Tensor, is_grad_enabled
 
 
 class Released:

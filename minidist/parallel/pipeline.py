@@ -41,16 +41,16 @@ import time
 import numpy as np
 
 from minidist import memory
-from minidist.data import accuracy
+from minidist.core.data import accuracy
 from minidist.comm import all_reduce, any_rank, irecv, isend, sendrecv, wait
 from minidist.comm.world import World, resolve
 from minidist.mixed_precision import Precision
-from minidist.model import GPTConfig
-from minidist.nn import Module
+from minidist.core.model import GPTConfig
+from minidist.core.nn import Module
 from minidist.parallel import schedules as S
 from minidist.parallel.pipeline_stage import (Layers, PipelineStage, check_pipeline_layout, chunk_layers,  # noqa: F401
                                               partition)
-from minidist.tensor import Tensor, graph_bytes
+from minidist.core.tensor import Tensor, graph_bytes
 from minidist.timeline import Timeline
 from minidist.train import (OptimSettings, Trainer, load_training_state, make_optimizer,
                             training_state)

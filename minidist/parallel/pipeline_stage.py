@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from minidist.model import GPT, Block, GPTConfig, init_weights
-from minidist.nn import Dropout, Embedding, LayerNorm, Linear, Module
+from minidist.core.model import GPT, Block, GPTConfig, init_weights
+from minidist.core.nn import Dropout, Embedding, LayerNorm, Linear, Module
 from minidist.parallel import schedules as S
-from minidist.recompute import check_recompute, checkpoint_sequential
+from minidist.core.recompute import check_recompute, checkpoint_sequential
 
 
 def partition(n_layer: int, stages: int) -> list[tuple[int, int]]:

@@ -47,10 +47,10 @@ import numpy as np
 
 from minidist.comm import all_gather, all_reduce, reduce_scatter
 from minidist.comm.world import World
-from minidist.nn import Module
+from minidist.core.nn import Module
 from minidist.parallel.tensor_layers import (ColumnParallelLinear, RowParallelLinear, TensorParallelLayers,
                                              VocabParallelEmbedding)
-from minidist.tensor import Function
+from minidist.core.tensor import Function
 
 
 def check_sequence_length(length: int, tp: int) -> None:

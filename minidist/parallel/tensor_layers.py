@@ -44,11 +44,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from minidist import functional as F
+from minidist.core import functional as F
 from minidist.comm import all_gather, all_reduce, get_world
 from minidist.comm.world import World
-from minidist.nn import Dropout, Module, Parameter
-from minidist.tensor import Function, Tensor
+from minidist.core.nn import Dropout, Module, Parameter
+from minidist.core.tensor import Function, Tensor
 
 # ----------------------------------------------------------------------------- communication
 

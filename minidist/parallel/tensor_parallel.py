@@ -41,18 +41,18 @@ import math
 
 import numpy as np
 
-from minidist import functional as F
+from minidist.core import functional as F
 from minidist import memory
 from minidist.comm import all_gather, all_reduce, any_rank
 from minidist.comm.world import World, resolve
-from minidist.model import GPTConfig, init_weights
-from minidist.nn import Embedding, LayerNorm, Module, ModuleList, Parameter
+from minidist.core.model import GPTConfig, init_weights
+from minidist.core.nn import Embedding, LayerNorm, Module, ModuleList, Parameter
 from minidist.mixed_precision import Precision
-from minidist.optim import clip_grad_norm_
+from minidist.core.optim import clip_grad_norm_
 from minidist.parallel.sequence import (SequenceParallelLayers, allreduce_sequence_parallel_grads,
                                         check_sequence_length, mark_sequence_parallel)
 from minidist.parallel.tensor_layers import TensorParallelLayers, vocab_parallel_argmax, vocab_parallel_cross_entropy
-from minidist.tensor import Tensor, get_default_dtype, graph_bytes
+from minidist.core.tensor import Tensor, get_default_dtype, graph_bytes
 from minidist.train import OptimSettings, Trainer, load_training_state, make_optimizer, training_state
 
 
@@ -129,7 +129,7 @@ class ParallelBlock(Module):
 
 
 class TensorParallelGPT(Module):
-    """This rank's shard of the GPT; same parameter names as `minidist.model.GPT`."""
+    """This rank's shard of the GPT; same parameter names as `minidist.core.model.GPT`."""
 
     layers = TensorParallelLayers  # what the modules are built from (SequenceParallelGPT: its own)
 

@@ -18,8 +18,8 @@ messages shrink by t as well (Megatron-LM sends the same sequence-split tensor).
 from __future__ import annotations
 
 from minidist.comm.world import World
-from minidist.model import GPTConfig
-from minidist.nn import Embedding, LayerNorm
+from minidist.core.model import GPTConfig
+from minidist.core.nn import Embedding, LayerNorm
 from minidist.parallel.pipeline_stage import Layers, PipelineStage, chunk_layers
 from minidist.parallel.sequence import SequenceParallelLayers, allreduce_sequence_parallel_grads, mark_sequence_parallel
 from minidist.parallel.tensor_layers import TensorParallelLayers

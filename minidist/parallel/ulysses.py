@@ -30,9 +30,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from minidist import functional as F
+from minidist.core import functional as F
 from minidist.comm import all_to_all
-from minidist.tensor import Function
+from minidist.core.tensor import Function
 
 
 def check_ulysses(n_head: int, cp: int) -> None:

@@ -46,14 +46,14 @@ import numpy as np
 from minidist import memory
 from minidist.comm import all_gather, all_reduce, reduce_scatter
 from minidist.comm.world import World, resolve
-from minidist.data import accuracy
+from minidist.core.data import accuracy
 from minidist.mixed_precision import Precision
-from minidist.model import GPT, GPTConfig
+from minidist.core.model import GPT, GPTConfig
 from minidist.parallel.fsdp import FullyShardedGPT
 from minidist.parallel.zero_partition import (FlatUnit, LiveBytes, ShardedAdamW, chunk_state,  # noqa: F401
                                               flat_parameters, load_chunk_state, make_units, master_chunks,
                                               mixed_precision_step)
-from minidist.tensor import graph_bytes
+from minidist.core.tensor import graph_bytes
 from minidist.reshard import Piece
 from minidist.train import (OptimSettings, Trainer, generator_state, load_generator_states, load_scaler_state,
                             scaler_state)

@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 from minidist.comm import all_reduce, any_rank
-from minidist.optim import adamw_update
+from minidist.core.optim import adamw_update
 from minidist.reshard import Piece, box_of, checked, cut, global_shape, whole
 
 BETAS, EPS = (0.9, 0.95), 1e-8  # as train.make_optimizer builds the serial AdamW

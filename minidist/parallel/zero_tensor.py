@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from minidist.comm.world import World, resolve
-from minidist.model import GPTConfig
+from minidist.core.model import GPTConfig
 from minidist.parallel.mesh import DeviceMesh, check_mesh
 from minidist.parallel.sequence import allreduce_partial_grads
 from minidist.parallel.tensor_parallel import (SequenceParallelGPT, TensorParallelGPT, check_tensor_parallel,

@@ -16,8 +16,8 @@ def buckets_in_flight_after_backward():
     """On each rank: how many buckets' all-reduces are under way when backward returns, before
     finish_gradient_synchronization (the overlap the hook exists for)."""
     from minidist.comm import get_world
-    from minidist.data import make_task
-    from minidist.model import GPT, GPTConfig
+    from minidist.core.data import make_task
+    from minidist.core.model import GPT, GPTConfig
     from minidist.parallel.data_parallel import DistributedDataParallel
 
     world = get_world()

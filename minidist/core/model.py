@@ -21,10 +21,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from minidist import functional as F
-from minidist.nn import Dropout, Embedding, LayerNorm, Linear, Module, ModuleList
-from minidist.recompute import check_recompute, checkpoint, checkpoint_sequential
-from minidist.tensor import Tensor, no_grad
+from minidist.core import functional as F
+from minidist.core.nn import Dropout, Embedding, LayerNorm, Linear, Module, ModuleList
+from minidist.core.recompute import check_recompute, checkpoint, checkpoint_sequential
+from minidist.core.tensor import Tensor, no_grad
 
 
 @dataclass
@@ -155,7 +155,7 @@ class GPT(Module):
         return self.head(x, targets)
 
     def set_recompute(self, mode: str = "full", segments: int | None = None) -> "GPT":
-        """Activation checkpointing (chapter 11, minidist/recompute.py): memory for compute.
+        """Activation checkpointing (chapter 11, minidist/core/recompute.py): memory for compute.
 
         "none" keeps every block's graph (the default). "full" keeps only the input of each of
         `segments` runs of consecutive blocks (default: one run per block) and runs each again

@@ -8,7 +8,7 @@ is what chapter 1's activation count reads off). Every one is checked against fi
 differences in tests/test_functional.py.
 
 This file is the plain path: each operation written as its formula. `fused_fast.py` holds the
-same operations tuned for speed, and `minidist.kernels` chooses between the two (fast unless
+same operations tuned for speed, and `minidist.core.kernels` chooses between the two (fast unless
 told otherwise); tests/test_kernels.py holds them to the same numbers. The functions at the end
 of each section (`linear`, `gelu`, ...) check their inputs and run the class `kernels.chosen`
 names: the one here, or its namesake in fused_fast.py (which builds on this file, and so tells
@@ -23,8 +23,8 @@ import math
 
 import numpy as np
 
-from minidist.kernels import chosen
-from minidist.tensor import Function, Tensor, autocast_active
+from minidist.core.kernels import chosen
+from minidist.core.tensor import Function, Tensor, autocast_active
 
 
 def _same_dtype(name, *tensors):

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from minidist.kernels import current
+from minidist.core.kernels import current
 
 
 class Optimizer:
@@ -113,11 +113,11 @@ def adamw_update(param, grad, exp_avg, exp_avg_sq, step, lr, betas, eps, weight_
     """One AdamW step on arrays, in place, in torch.optim.AdamW's equations (step t counts from 1).
     Shared by AdamW and ZeRO's sharded optimizer.
 
-    The fast kernel path (`minidist.kernels`, the default) runs the same equations through one
+    The fast kernel path (`minidist.core.kernels`, the default) runs the same equations through one
     scratch array, the bias corrections folded into scalars: `fused_fast.adamw_update`.
     """
     if current() == "fast":
-        from minidist.fused_fast import adamw_update as fast
+        from minidist.core.fused_fast import adamw_update as fast
 
         return fast(param, grad, exp_avg, exp_avg_sq, step, lr, betas, eps, weight_decay)
     ### BEGIN SOLUTION assignment=adamw_update

@@ -4,7 +4,7 @@ select.
 Chapter 1. Their backward passes send each gradient element back to where its value came
 from: a reshape reshapes the gradient back, a permutation applies the inverse permutation, an
 index scatters into zeros (adding, where an integer index picks an element twice), a split
-concatenates. Re-exported by `minidist.functional`, where every operation can be found.
+concatenates. Re-exported by `minidist.core.functional`, where every operation can be found.
 """
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import builtins
 
 import numpy as np
 
-from minidist.operands import check_dtypes, operand, unbroadcast
-from minidist.tensor import Function, Tensor
+from minidist.core.operands import check_dtypes, operand, unbroadcast
+from minidist.core.tensor import Function, Tensor
 
 # ----------------------------------------------------------------------------- shapes
 

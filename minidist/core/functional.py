@@ -2,12 +2,12 @@
 
 Chapter 1. Read any class here to see the chain rule for one operation: `forward` computes with
 NumPy and saves what the gradient will need; `backward` receives dL/d(output) and returns
-dL/d(input) for each input. The operations that only move elements are in `minidist/shape_ops.py`,
+dL/d(input) for each input. The operations that only move elements are in `minidist/core/shape_ops.py`,
 and the neural-network operations that a transformer spends its time in
-(linear, layer_norm, gelu, softmax, attention, cross_entropy) live in `minidist/fused.py`, each
+(linear, layer_norm, gelu, softmax, attention, cross_entropy) live in `minidist/core/fused.py`, each
 written as one fused operation with a hand-derived backward, because that is how fast libraries
 do it and because the derivation is worth reading. Both are imported here, so that
-`minidist.functional` is the one place to find every operation, as in torch.nn.functional; and
+`minidist.core.functional` is the one place to find every operation, as in torch.nn.functional; and
 the end of this file gives `Tensor` its operators (`a + b` is `add(a, b)`).
 
 Conventions: Python numbers stay Python floats, so they never change a tensor's dtype (a NumPy
@@ -20,8 +20,8 @@ import builtins
 
 import numpy as np
 
-from minidist import fused_fast  # noqa: F401  (registers the fast kernels with minidist.kernels)
-from minidist.fused import (  # noqa: F401  (re-exported: see the docstring)
+from minidist.core import fused_fast  # noqa: F401  (registers the fast kernels with minidist.core.kernels)
+from minidist.core.fused import (  # noqa: F401  (re-exported: see the docstring)
     cross_entropy,
     dropout,
     embedding,
@@ -32,8 +32,8 @@ from minidist.fused import (  # noqa: F401  (re-exported: see the docstring)
     scaled_dot_product_attention,
     softmax,
 )
-from minidist.operands import check_dtypes, operand, unbroadcast
-from minidist.shape_ops import (  # noqa: F401  (re-exported: see the docstring)
+from minidist.core.operands import check_dtypes, operand, unbroadcast
+from minidist.core.shape_ops import (  # noqa: F401  (re-exported: see the docstring)
     cat,
     chunk,
     concat,
@@ -45,7 +45,7 @@ from minidist.shape_ops import (  # noqa: F401  (re-exported: see the docstring)
     transpose,
     where,
 )
-from minidist.tensor import Function, Tensor, as_array
+from minidist.core.tensor import Function, Tensor, as_array
 
 # ----------------------------------------------------------------------------- arithmetic
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from minidist.tensor import Tensor, no_grad
+from minidist.core.tensor import Tensor, no_grad
 
 
 def numerical_grad(fn, inputs, index, eps=1e-6, weights=None):

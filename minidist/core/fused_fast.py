@@ -1,6 +1,6 @@
 """The fast path: fused.py's operations tuned for the CPU's memory traffic, with the same numbers.
 
-Chapter 1. `minidist.kernels` runs these unless told "plain" (fused.py's formulas, which a
+Chapter 1. `minidist.core.kernels` runs these unless told "plain" (fused.py's formulas, which a
 learner should read first). Each class here subclasses its plain twin of the same name and
 keeps its formula; tests/test_kernels.py holds the two paths to the same numbers. Operations
 whose plain form is already as fast (Linear: its time is in BLAS; Softmax, LogSoftmax and
@@ -24,10 +24,10 @@ import math
 
 import numpy as np
 
-from minidist import fused
-from minidist.fused import _GELU_C, _dropout_mask
-from minidist.fused import Dropout, Linear, LogSoftmax, Softmax  # noqa: F401  (shared: the plain class is as fast)
-from minidist.kernels import register_fast
+from minidist.core import fused
+from minidist.core.fused import _GELU_C, _dropout_mask
+from minidist.core.fused import Dropout, Linear, LogSoftmax, Softmax  # noqa: F401  (shared: the plain class is as fast)
+from minidist.core.kernels import register_fast
 
 _BLOCK = 1 << 16  # elements per block: 256-512 KB per array, a few arrays fit in L2/L3
 
@@ -292,7 +292,7 @@ def adamw_update(param, grad, exp_avg, exp_avg_sq, step, lr, betas, eps, weight_
 
 # ----------------------------------------------------------------------------- the fast path
 
-# On the fast path (minidist.kernels), each operation of fused.py runs as its namesake here.
+# On the fast path (minidist.core.kernels), each operation of fused.py runs as its namesake here.
 for _plain in (fused.Linear, fused.Embedding, fused.LayerNorm, fused.GELU, fused.Softmax, fused.LogSoftmax,
                fused.ScaledDotProductAttention, fused.Dropout, fused.CrossEntropy):
     register_fast(_plain, globals()[_plain.__name__])

@@ -47,9 +47,9 @@ import contextlib
 
 import numpy as np
 
-from minidist import kernels, tensor
-from minidist.nn import Module
-from minidist.tensor import Function, Tensor, graph_bytes, is_grad_enabled, no_grad, set_autocast
+from minidist.core import kernels, tensor
+from minidist.core.nn import Module
+from minidist.core.tensor import Function, Tensor, graph_bytes, is_grad_enabled, no_grad, set_autocast
 
 MODES = ("none", "full", "selective")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from minidist.tensor import Tensor, as_array, autocast_active
+from minidist.core.tensor import Tensor, as_array, autocast_active
 
 
 def unbroadcast(grad: np.ndarray, shape: tuple) -> np.ndarray:

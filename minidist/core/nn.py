@@ -5,7 +5,7 @@ walks them in the order they were assigned, giving stable dotted names such as
 `h.0.attn.q_proj.weight`. Those names are the contract every later chapter relies on:
 `state_dict()` keys, checkpoint files, and the rule that decides which rank owns which slice.
 
-Layers are created with zeros; the model fills them from its seed (see `minidist/model.py`),
+Layers are created with zeros; the model fills them from its seed (see `minidist/core/model.py`),
 so that initial weights depend only on the seed and the parameter's name, never on how the
 model is later split across ranks.
 """
@@ -15,8 +15,8 @@ from typing import Iterator
 
 import numpy as np
 
-from minidist import functional as F
-from minidist.tensor import Tensor, get_default_dtype
+from minidist.core import functional as F
+from minidist.core.tensor import Tensor, get_default_dtype
 
 
 class Parameter(Tensor):
