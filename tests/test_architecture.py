@@ -28,7 +28,7 @@ CORE = [f"core.{name}" for name in ENGINE] + [
 ]
 # What is about distribution: the processes and messages, the strategies, and what is built on them.
 DISTRIBUTED = [
-    "comm", "parallel", "layout", "strategies", "demo", "frameworks", "plan", "plan_model", "lab", "bench",
+    "comm", "parallel", "layout", "strategies", "demo", "demo_flags", "frameworks", "plan", "plan_model", "lab", "bench",
     "assignments",
 ]
 
