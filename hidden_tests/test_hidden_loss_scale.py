@@ -2,7 +2,7 @@
 
 Worked by the rule: an overflow multiplies the scale by backoff and restarts the count; after
 `growth_interval` clean steps in a row the scale is multiplied by growth and the count restarts."""
-from minidist.loss_scale import DynamicLossScaler
+from minidist.precision.loss_scale import DynamicLossScaler
 
 
 def run(scaler, flags):

@@ -212,7 +212,7 @@ PRECISIONS = {
     "fp32": (4, 4, 8),    # fp32 weights and grads, Adam's m and v in fp32
     "mixed": (2, 2, 12),  # fp16 weights and grads; fp32 master copy + m + v (K = 12 in the ZeRO paper)
     "bf16": (2, 2, 12),   # the demo's --precision names: either 16-bit format, the same bytes
-    "fp16": (2, 2, 12),   # (minidist/mixed_precision.py measures them)
+    "fp16": (2, 2, 12),   # (minidist/precision/mixed_precision.py measures them)
 }
 
 

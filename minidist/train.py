@@ -16,8 +16,8 @@ import numpy as np
 
 from minidist import memory
 from minidist.core.data import accuracy
-from minidist.loss_scale import DynamicLossScaler
-from minidist.mixed_precision import MixedPrecisionAdamW, Precision
+from minidist.precision.loss_scale import DynamicLossScaler
+from minidist.precision.mixed_precision import MixedPrecisionAdamW, Precision
 from minidist.core.model import GPT, GPTConfig
 from minidist.core.optim import AdamW, lr_at, weight_decay_groups
 from minidist.reshard import Piece, box_of, checked, cut, global_shape, whole

@@ -24,7 +24,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "minidist"
 ENGINE = ["tensor", "functional", "operands", "shape_ops", "fused", "fused_fast", "kernels", "gradcheck", "nn",
           "model", "optim", "data", "recompute"]  # minidist/core/
 CORE = [f"core.{name}" for name in ENGINE] + [
-    "recompute_cost", "precision", "mixed_precision", "loss_scale", "fp8", "moe", "train", "memory",
+    "recompute_cost", "precision", "precision.formats", "precision.mixed_precision", "precision.loss_scale",
+    "precision.fp8", "moe", "train", "memory",
 ]
 # What is about distribution: the processes and messages, the strategies, and what is built on them.
 DISTRIBUTED = [

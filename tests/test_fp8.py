@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from minidist.core import functional as F
-from minidist.fp8 import DelayedScaling, Fp8Linear, TensorScaling, compare_fp8_bf16, quantize, use_fp8_mlp
+from minidist.precision.fp8 import DelayedScaling, Fp8Linear, TensorScaling, compare_fp8_bf16, quantize, use_fp8_mlp
 from minidist.core.model import GPT, GPTConfig
 from minidist.core.nn import Linear
 from minidist.precision import FORMATS, autocast

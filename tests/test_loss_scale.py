@@ -13,7 +13,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from minidist.loss_scale import DynamicLossScaler, non_finite
+from minidist.precision.loss_scale import DynamicLossScaler, non_finite
 from minidist.core.tensor import Tensor
 
 F, T = False, True

@@ -11,7 +11,7 @@ import pytest
 
 from minidist.core import functional as F
 from minidist.core.data import make_task
-from minidist.mixed_precision import MixedPrecisionAdamW, to_low_precision
+from minidist.precision.mixed_precision import MixedPrecisionAdamW, to_low_precision
 from minidist.core.model import GPT, GPTConfig
 from minidist.core.nn import Parameter
 from minidist.precision import FORMATS, autocast, round_to
@@ -140,7 +140,7 @@ def test_a_resumed_fp16_run_continues_bit_for_bit():
     """The training state of 16-bit training holds the fp32 masters and the loss scale too."""
     task = make_task("sort", CONFIG.block_size, seed=0)
     settings = OptimSettings(lr=3e-3, steps=6, warmup=1)
-    from minidist.loss_scale import DynamicLossScaler
+    from minidist.precision.loss_scale import DynamicLossScaler
     from minidist.parallel import checkpointing
 
     def trainer():  # a small growth interval, so the scale changes within the run

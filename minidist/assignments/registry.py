@@ -58,7 +58,7 @@ ASSIGNMENTS = [
                ("tests/test_mesh.py::test_layout_groups_partition_the_world",
                 "tests/test_mesh.py::test_layout_of_eight_ranks_is_megatrons"),
                hidden=("hidden_tests/test_hidden_mesh.py",)),
-    Assignment("loss_scaler_update", 10, 2, 20, "minidist/loss_scale.py DynamicLossScaler.update (back off, grow)",
+    Assignment("loss_scaler_update", 10, 2, 20, "minidist/precision/loss_scale.py DynamicLossScaler.update (back off, grow)",
                ("tests/test_loss_scale.py::test_hand_derived_sequence",
                 "tests/test_loss_scale.py::test_growth_stops_at_the_largest_float32"),
                hidden=("hidden_tests/test_hidden_loss_scale.py",)),

@@ -12,7 +12,7 @@ from minidist.core.model import GPTConfig
 BETAS, EPS = (0.9, 0.95), 1e-8  # minidist's AdamW (train.make_optimizer)
 DEMO_VOCAB = 256                 # the demo's byte-level data
 LOW_PRECISION = ("minidist's loss scaler is torch GradScaler's with its defaults (initial 2^16, window 2000, no "
-                 "hysteresis) and fp8 runs on the MLP only, through minidist.fp8 (chapter 10)")
+                 "hysteresis) and fp8 runs on the MLP only, through minidist.precision.fp8 (chapter 10)")
 NO_RECOMPUTE = ("minidist recomputes each block (--recompute full, --segments runs of blocks) or attention's core "
                 "(--recompute selective), chosen by flag, not where the model's code calls a checkpoint (chapter 11)")
 

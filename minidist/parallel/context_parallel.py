@@ -54,7 +54,7 @@ from minidist import memory
 from minidist.comm import all_reduce, any_rank, irecv, isend, wait
 from minidist.comm.world import World, resolve
 from minidist.core.data import IGNORE_INDEX, shard_rows
-from minidist.mixed_precision import Precision
+from minidist.precision.mixed_precision import Precision
 from minidist.core.model import GPT, GPTConfig
 from minidist.parallel.data_parallel import DistributedDataParallel
 from minidist.parallel.mesh import DeviceMesh

@@ -37,7 +37,7 @@ from minidist import memory
 from minidist.comm import all_reduce, any_rank, broadcast
 from minidist.comm.world import World, resolve
 from minidist.core.data import accuracy
-from minidist.mixed_precision import Precision
+from minidist.precision.mixed_precision import Precision
 from minidist.core.model import GPT, GPTConfig
 from minidist.core.tensor import graph_bytes
 from minidist.timeline import Timeline

@@ -45,7 +45,7 @@ from minidist import memory
 from minidist.comm import all_gather, all_reduce, all_to_all, any_rank
 from minidist.comm.world import World, resolve
 from minidist.core.data import accuracy
-from minidist.mixed_precision import Precision
+from minidist.precision.mixed_precision import Precision
 from minidist.moe import MoEConfig, MoEGPT, MoELayer, Routing, is_moe_param, moe_param_count, moe_report
 from minidist.parallel.mesh import DeviceMesh
 from minidist.core.tensor import Function, Tensor, get_default_dtype, graph_bytes

@@ -44,7 +44,7 @@ from minidist import memory
 from minidist.core.data import accuracy
 from minidist.comm import all_reduce, any_rank, irecv, isend, sendrecv, wait
 from minidist.comm.world import World, resolve
-from minidist.mixed_precision import Precision
+from minidist.precision.mixed_precision import Precision
 from minidist.core.model import GPTConfig
 from minidist.core.nn import Module
 from minidist.parallel import schedules as S

@@ -47,7 +47,7 @@ from minidist.comm import all_gather, all_reduce, any_rank
 from minidist.comm.world import World, resolve
 from minidist.core.model import GPTConfig, init_weights
 from minidist.core.nn import Embedding, LayerNorm, Module, ModuleList, Parameter
-from minidist.mixed_precision import Precision
+from minidist.precision.mixed_precision import Precision
 from minidist.core.optim import clip_grad_norm_
 from minidist.parallel.sequence import (SequenceParallelLayers, allreduce_sequence_parallel_grads,
                                         check_sequence_length, mark_sequence_parallel)

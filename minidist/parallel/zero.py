@@ -47,7 +47,7 @@ from minidist import memory
 from minidist.comm import all_gather, all_reduce, reduce_scatter
 from minidist.comm.world import World, resolve
 from minidist.core.data import accuracy
-from minidist.mixed_precision import Precision
+from minidist.precision.mixed_precision import Precision
 from minidist.core.model import GPT, GPTConfig
 from minidist.parallel.fsdp import FullyShardedGPT
 from minidist.parallel.zero_partition import (FlatUnit, LiveBytes, ShardedAdamW, chunk_state,  # noqa: F401

@@ -33,7 +33,7 @@ import math
 
 import numpy as np
 
-from minidist.loss_scale import DynamicLossScaler
+from minidist.precision.loss_scale import DynamicLossScaler
 from minidist.core.optim import AdamW, clip_grad_norm_, set_lr
 from minidist.precision import LOW_PRECISION, autocast, round_to
 
