@@ -10,7 +10,7 @@
     mpirun -n 8 python -m minidist.demo --dp 2 --tp 2 --pp 2 --zero 1   # (their product = ranks)
     mpirun -n 4 python -m minidist.demo --cp 4        # context parallel: each sequence over 4 ranks
     mpirun -n 4 python -m minidist.demo --cp 2 --dp 2 # [--cp-algorithm ulysses] [--cp-split contiguous]
-    mpirun -n 4 python -m minidist.demo --layout dp2-tp2-zero1-m2   # any layout by its name (layout.py)
+    mpirun -n 4 python -m minidist.demo --layout dp2-tp2-zero1-m2   # any layout by its name (training/layout.py)
 
 The flags and the `--json` keys are a contract (notebooks and checks read them): later
 chapters add flags and keys, none is renamed or dropped.
@@ -35,11 +35,11 @@ cp group, and what rank 0's attention computed), and layout gains "cp".
 
     python -m minidist.demo --dp 2 ... --checkpoint ckpt --checkpoint-every 50
                                       # saves ckpt/step-000050/ ...; the same command again resumes
-                                      # from the newest complete checkpoint (minidist/checkpoint.py),
-                                      # with this layout or any other (resharded: minidist/reshard.py)
+                                      # from the newest complete checkpoint (minidist/training/checkpoint.py),
+                                      # with this layout or any other (resharded: minidist/training/reshard.py)
 
 Under `mpirun -n N` with no layout flags the demo runs the tour: the serial reference on rank 0
-(the others wait politely, without spinning), then every strategy in `minidist/strategies.py`
+(the others wait politely, without spinning), then every strategy in `minidist/training/strategies.py`
 that this world and model allow, and one table comparing their losses and weights with serial.
 """
 from __future__ import annotations
@@ -52,12 +52,13 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-from minidist import checkpoint, comm as dist, frameworks, strategies
+from minidist import comm as dist, frameworks
+from minidist.training import checkpoint, strategies
 from minidist.comm import all_reduce_algorithm, faults, traffic
 from minidist.core.kernels import kernels
 from minidist.demo_flags import apply_layout_name, build_parser, check_args, is_tour, translate  # noqa: F401
-from minidist.layout import Layout, strategy
-from minidist.moe import MoEConfig
+from minidist.training.layout import Layout, strategy
+from minidist.core.moe import MoEConfig
 from minidist.parallel import checkpointing
 from minidist.runtime import limit_threads_per_rank, tune_malloc
 from minidist.core.tensor import set_default_dtype

@@ -2,7 +2,7 @@
 rank before any message (chapter 2's rule: a user's mistake fails in one line before any work).
 
 `build_parser` is the contract users, notebooks and checks rely on (extend it, never rename a
-flag); `check_args` turns the flags into the model, the task and the `Layout` (`layout.py`'s one
+flag); `check_args` turns the flags into the model, the task and the `Layout` (`training/layout.py`'s one
 rule judges it), or None for the tour; `--layout NAME` and the framework configs
 (`--deepspeed-config`, `--megatron-args`, chapter 9) become flags first.
 """
@@ -17,8 +17,8 @@ from minidist.comm.collectives import ALL_REDUCE
 from minidist.core.data import make_task
 from minidist.core.model import GPTConfig
 from minidist.core.recompute import check_recompute
-from minidist.layout import LAYOUT_FLAGS, Layout
-from minidist.moe import MoEConfig
+from minidist.training.layout import LAYOUT_FLAGS, Layout
+from minidist.core.moe import MoEConfig
 
 DESCRIPTION = "`python -m minidist.demo`: train the small GPT and watch it learn."
 
@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", type=data_source, default="sort", help="'sort' (built-in task) or a path to any text file")
     p.add_argument("--log-every", type=cli.integer(-1), default=0, help="steps between log lines (0: about 10 lines; -1: none)")
     p.add_argument("--layout", metavar="NAME",
-                   help="the whole layout by its name, e.g. dp2-tp2-zero1-m4 (minidist/layout.py), instead of "
+                   help="the whole layout by its name, e.g. dp2-tp2-zero1-m4 (minidist/training/layout.py), instead of "
                         "--dp/--tp/--pp/--zero/--microbatches/... flags")
     p.add_argument("--dp", type=positive, help="data-parallel degree (chapter 3); dp x tp x pp = the number of ranks")
     p.add_argument("--tp", type=positive, help="tensor-parallel degree (chapter 6); combines with --dp and --pp (chapter 9)")

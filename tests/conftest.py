@@ -21,7 +21,7 @@ import pytest
 from minidist.core.data import make_task
 from minidist.core.model import GPTConfig
 from minidist.core.tensor import default_dtype
-from minidist.train import OptimSettings, SerialTrainer
+from minidist.training.train import OptimSettings, SerialTrainer
 
 
 def pytest_addoption(parser):

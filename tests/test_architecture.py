@@ -22,16 +22,19 @@ PACKAGE = Path(__file__).resolve().parents[1] / "minidist"
 # The core: the engine (autograd and its operations, both kernel paths), the layers, the model,
 # the optimizers, the data, the serial trainer and what it uses (chapters 1, 10, 11).
 ENGINE = ["tensor", "functional", "operands", "shape_ops", "fused", "fused_fast", "kernels", "gradcheck", "nn",
-          "model", "optim", "data", "recompute"]  # minidist/core/
+          "model", "optim", "data", "recompute", "moe"]  # minidist/core/
 CORE = [f"core.{name}" for name in ENGINE] + [
-    "recompute_cost", "precision", "precision.formats", "precision.mixed_precision", "precision.loss_scale",
-    "precision.fp8", "moe", "train", "memory",
+    "plan.recompute_cost", "precision", "precision.formats", "precision.mixed_precision", "precision.loss_scale",
+    "precision.fp8", "training.train", "plan.memory",
 ]
 # What is about distribution: the processes and messages, the strategies, and what is built on them.
 DISTRIBUTED = [
-    "comm", "parallel", "layout", "strategies", "demo", "demo_flags", "frameworks", "plan", "plan_model", "lab", "bench",
-    "assignments",
+    "comm", "parallel", "training.layout", "training.strategies", "demo", "demo_flags", "frameworks", "plan.search",
+    "plan.predict", "lab", "bench", "assignments",
 ]
+# The package root holds the entry points and their plumbing only; everything else lives in the
+# folder of its layer (core, precision, comm, parallel, plan, training, frameworks, ...).
+ROOT = {"__init__", "cli", "demo", "demo_flags", "runtime", "timeline"}
 
 
 def module_files(package: Path) -> dict[str, Path]:
@@ -204,3 +207,10 @@ def test_the_core_folder_stands_alone():
                for target in targets if not target.startswith("minidist.core")}
     assert not outside, f"the core reaches outside minidist/core/: {sorted(outside)}"
     assert {f"minidist.core.{name}" for name in ENGINE} <= set(graph)
+
+
+def test_the_root_holds_only_entry_points():
+    """A reader opening minidist/ sees the layers as folders: a new module goes into one."""
+    loose = {path.stem for path in PACKAGE.glob("*.py")} - ROOT
+    assert not loose, f"modules at the package root: {sorted(loose)}; move each into the folder of its layer"
+    assert {"core", "precision", "comm", "parallel", "plan", "training"} <= {p.name for p in PACKAGE.iterdir() if p.is_dir()}

@@ -6,7 +6,6 @@ restored earns exactly that assignment's points."""
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 

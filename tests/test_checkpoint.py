@@ -17,7 +17,7 @@ import zlib
 import numpy as np
 import pytest
 
-from minidist import checkpoint
+from minidist.training import checkpoint
 from minidist.comm.launch import find_mpiexec
 
 SMALL = ["--n-layer", "2", "--n-embd", "32", "--n-head", "2", "--block-size", "16", "--batch-size", "8",

@@ -21,10 +21,10 @@ import pytest
 from conftest import relative_difference
 from test_checkpoint import demo  # the demo under mpiexec, with MINIDIST_KILL (the chaos test's)
 
-from minidist import checkpoint
+from minidist.training import checkpoint
 from minidist.comm.launch import run
 from minidist.precision import format_of
-from minidist.train import OptimSettings
+from minidist.training.train import OptimSettings
 
 SMALL = ["--n-layer", "2", "--n-embd", "32", "--n-head", "2", "--block-size", "16", "--batch-size", "8",
          "--log-every", "-1", "--steps", "8"]
@@ -39,7 +39,8 @@ CASES = {  # name: (flags, (saving layout, ranks), [(resuming layout, ranks), ..
 def loaded_state(directory: str, flags: list[str]):
     """Rank program: the trainer the demo builds for `flags`, resumed from `directory` as the demo
     resumes; its step and, on rank 0, its state as whole global arrays."""
-    from minidist import comm, demo, frameworks, strategies
+    from minidist import comm, demo, frameworks
+    from minidist.training import strategies
     from minidist.parallel import checkpointing
     from minidist.core.tensor import set_default_dtype
 

@@ -8,12 +8,12 @@ import shutil
 import numpy as np
 import pytest
 
-from minidist import checkpoint
+from minidist.training import checkpoint
 from minidist.comm.launch import run
 from minidist.core.data import make_task
 from minidist.core.model import GPTConfig
 from minidist.core.tensor import default_dtype
-from minidist.train import OptimSettings
+from minidist.training.train import OptimSettings
 
 CONFIG = dict(vocab_size=256, block_size=16, n_layer=2, n_head=2, n_embd=16)
 SETTINGS = dict(lr=1e-2, steps=4, warmup=1, min_lr=1e-3)

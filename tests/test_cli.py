@@ -14,7 +14,7 @@ import pytest
 
 from minidist.comm.launch import find_mpiexec
 
-DEMO, MEMORY = ["minidist.demo"], ["minidist.memory"]
+DEMO, MEMORY = ["minidist.demo"], ["minidist.plan.memory"]
 STEP, DP, PIPELINE, ZERO, COLLECTIVES, PLAN, PRECISION, RECOMPUTE, CONTEXT = (
     ["minidist.bench", name] for name in ("step", "dp", "pipeline", "zero", "collectives", "plan", "precision",
                                           "recompute", "context_parallel"))
@@ -190,7 +190,7 @@ def test_every_flag_of_every_program_has_a_case():
 
     assert bench.available() == ["collectives", "context_parallel", "dp", "pipeline", "plan", "precision", "recompute",
                                  "step", "zero"]
-    programs = ["minidist.demo", "minidist.memory", *(f"minidist.bench.{name}" for name in bench.available())]
+    programs = ["minidist.demo", "minidist.plan.memory", *(f"minidist.bench.{name}" for name in bench.available())]
     assert len(programs) == 11
     for program in programs:
         parser_module = {"minidist.demo": "minidist.demo_flags"}.get(program, program)  # where its parser lives

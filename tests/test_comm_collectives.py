@@ -8,7 +8,6 @@ failure names the collective, algorithm, op, dtype and count. The shared-memory 
 runs on groups whose ranks share a node, as MPI reports it; on a group that spans nodes it
 must refuse with a ValueError.
 """
-from collections import defaultdict
 
 import numpy as np
 import pytest

@@ -193,10 +193,11 @@ def test_recompute_keeps_the_numbers_and_shrinks_the_activations(tmp_path, flags
     assert runs["full"]["recompute"] == "full"
 
 
-def serial_and_parallel(tmp_path, common: list, flags: list, nprocs: int) -> tuple[dict, dict]:
-    """The demo's JSON serially and with `flags` on `nprocs` ranks; their losses agree (float64)."""
+def serial_and_parallel(tmp_path, common: list, flags: list, nprocs: int, serial_flags=()) -> tuple[dict, dict]:
+    """The demo's JSON serially (with `serial_flags`) and with `flags` on `nprocs` ranks; their
+    losses agree (float64)."""
     serial, parallel = tmp_path / "serial.json", tmp_path / "parallel.json"
-    assert demo(*common, "--json", str(serial)).returncode == 0
+    assert demo(*common, *serial_flags, "--json", str(serial)).returncode == 0
     proc = demo(*common, *flags, "--json", str(parallel), nprocs=nprocs)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     want, got = json.loads(serial.read_text()), json.loads(parallel.read_text())
@@ -209,6 +210,16 @@ def test_experts_split_over_ranks_reproduce_the_serial_mixture(tmp_path):
     common = ["--steps", "3", "--dtype", "float64", "--experts", "4", "--capacity-factor", "1.0", *SMALL]
     want, got = serial_and_parallel(tmp_path, common, ["--dp", "2", "--ep", "2"], nprocs=2)
     assert got["layout"]["ep"] == 2 and got["moe"]["dropped_tokens"] == want["moe"]["dropped_tokens"]
+
+
+@pytest.mark.full
+def test_experts_in_a_pipeline_reproduce_the_serial_mixture_of_the_same_micro_batches(tmp_path):
+    """A pipeline routes each micro-batch as it passes: the reference accumulates the same two."""
+    common = ["--steps", "3", "--dtype", "float64", "--experts", "4", "--capacity-factor", "1.0", *SMALL]
+    want, got = serial_and_parallel(tmp_path, common, ["--dp", "2", "--pp", "2", "--ep", "2", "--microbatches", "2"],
+                                    nprocs=4, serial_flags=["--accumulation", "2"])
+    assert got["layout_name"] == "dp2-pp2-ep2-m2" and got["pipeline"]["microbatches"] == 2
+    assert got["moe"]["dropped_tokens"] == want["moe"]["dropped_tokens"] and sum(want["moe"]["dropped_tokens"]) > 0
 
 
 @pytest.mark.full

@@ -11,7 +11,7 @@ SMALL = ["--n-layer", "2", "--n-embd", "32", "--n-head", "2", "--block-size", "1
 def serial_part_of_the_tour(steps):
     import minidist.comm as dist
     from minidist import demo
-    from minidist.layout import Layout
+    from minidist.training.layout import Layout
 
     args = demo.build_parser().parse_args([*SMALL, "--steps", str(steps)])
     config, task, _ = demo.check_args(args, 2)

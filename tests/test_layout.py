@@ -17,10 +17,10 @@ import pytest
 
 from minidist import demo
 from minidist.comm.launch import find_mpiexec
-from minidist.layout import Layout, strategy
+from minidist.training.layout import Layout, strategy
 from minidist.core.model import GPTConfig
-from minidist.moe import MoEConfig
-from minidist.plan import SCHEDULES, candidate_layouts, divisors
+from minidist.core.moe import MoEConfig
+from minidist.plan.search import SCHEDULES, candidate_layouts, divisors
 
 SMALL = dict(n_layer=2, n_embd=32, n_head=2, block_size=16)
 SMALL_FLAGS = ["--n-layer", "2", "--n-embd", "32", "--n-head", "2", "--block-size", "16"]
@@ -106,7 +106,10 @@ def test_what_the_frameworks_compose_is_valid_now():
         assert layout.why_invalid(DEMO, layout.world_size, BATCH) is None, layout
     moe = MoEConfig(**SMALL, num_experts=4)
     assert strategy(Layout(dp=4, ep=2), moe=True) == "dp4-ep2" and Layout(dp=4, ep=2).why_invalid(moe, 4, 8) is None
-    assert "--experts combines with --dp and --ep only" in Layout(dp=2, tp=2).why_invalid(moe, 4, 8)
+    for layout in (Layout(dp=2, tp=2, ep=2), Layout(dp=2, pp=2, ep=2, microbatches=2), Layout(dp=4, microbatches=2)):
+        assert layout.why_invalid(moe, 4, 8) is None, layout  # expert parallelism on the mesh (expert_stage.py)
+    assert strategy(Layout(dp=2, pp=2, ep=2, microbatches=2), moe=True) == "dp2-pp2-ep2"
+    assert "--experts combines with --dp, --ep, --tp, --pp" in Layout(dp=2, zero=2).why_invalid(moe, 2, 8)
 
 
 def test_demo_layout_flag_and_its_clashes():

@@ -1,4 +1,4 @@
-"""Memory arithmetic (minidist/memory.py): measured bytes equal the formulas, to the byte, on the
+"""Memory arithmetic (minidist/plan/memory.py): measured bytes equal the formulas, to the byte, on the
 real GPT; the ZeRO estimator reproduces the ZeRO paper's Figure 1; the CLI speaks JSON."""
 import json
 import subprocess
@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from minidist import memory
+from minidist.plan import memory
 from minidist.core.model import GPT, GPTConfig
 from minidist.core.optim import AdamW
 from minidist.core.tensor import default_dtype, graph_bytes
@@ -119,7 +119,7 @@ def test_format_bytes():
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "minidist.memory", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-m", "minidist.plan.memory", *args], capture_output=True, text=True, timeout=60)
 
 
 def test_cli_json():

@@ -7,7 +7,7 @@ import pytest
 from minidist.core.gradcheck import gradcheck
 from minidist.core.model import GPT, GPTConfig, init_weights
 from minidist.core.optim import AdamW
-from minidist.core.tensor import Tensor, default_dtype
+from minidist.core.tensor import default_dtype
 
 TINY = dict(vocab_size=7, block_size=4, n_layer=2, n_head=2, n_embd=4)
 SMALL = dict(vocab_size=16, block_size=8, n_layer=2, n_head=2, n_embd=16)

@@ -12,10 +12,11 @@ import pytest
 from minidist.core.data import make_task
 from minidist.core.gradcheck import gradcheck
 from minidist.core.model import GPT, GPTConfig
-from minidist.moe import (MoEConfig, MoEGPT, MoELayer, MoETrainer, assign_slots, choice_counts, expert_capacity,
-                          moe_param_count, queue_starts, top_k_experts)
+from minidist.core.moe import (MoEConfig, MoEGPT, MoELayer, assign_slots, choice_counts, expert_capacity,
+                               queue_starts, top_k_experts)
+from minidist.plan.memory import moe_param_count
 from minidist.core.tensor import Tensor, default_dtype
-from minidist.train import OptimSettings
+from minidist.training.train import MoETrainer, OptimSettings
 
 TINY = dict(vocab_size=16, block_size=4, n_layer=2, n_head=2, n_embd=8, num_experts=4)
 

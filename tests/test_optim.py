@@ -16,7 +16,7 @@ from minidist.core.optim import (
     set_lr,
     weight_decay_groups,
 )
-from minidist.core.tensor import Tensor, default_dtype
+from minidist.core.tensor import default_dtype
 
 GRADS = [np.array([[0.5, -1.0], [2.0, 0.1]]), np.array([[-0.3, 0.2], [1.0, -4.0]]),
          np.array([[0.0, 0.7], [-1.5, 0.25]])]

@@ -233,7 +233,7 @@ def training_rank_program(layouts, config):
     from minidist.parallel import checkpointing
     from minidist.parallel.context_parallel import ContextParallelTrainer, context_parallel_traffic_per_step
     from minidist.core.tensor import default_dtype
-    from minidist.train import OptimSettings
+    from minidist.training.train import OptimSettings
 
     world = get_world()
     halves = world.split(color=world.rank // 2)

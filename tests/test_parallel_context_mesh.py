@@ -42,7 +42,7 @@ def mesh_rank_program(layouts, config):
     from minidist.core.data import make_task
     from minidist.parallel.composed import MeshTrainerFor
     from minidist.core.tensor import default_dtype
-    from minidist.train import OptimSettings
+    from minidist.training.train import OptimSettings
 
     out = {}
     with default_dtype("float64"):

@@ -18,7 +18,7 @@ from minidist.core.data import make_task
 from minidist.comm.launch import find_mpiexec, run
 from minidist.core.model import GPTConfig
 from minidist.core.tensor import default_dtype
-from minidist.train import OptimSettings
+from minidist.training.train import OptimSettings
 
 CONFIG = dict(vocab_size=256, block_size=16, n_layer=2, n_head=2, n_embd=16)
 STEPS, BATCH = 3, 24  # 24 rows split evenly for dp = 2, 3, 4 with 1 or 2 accumulation steps

@@ -14,10 +14,12 @@ from conftest import check_against_serial
 from minidist.comm.launch import run
 from minidist.core.data import make_task
 from minidist.core.model import GPTConfig
-from minidist.moe import MoEConfig, MoETrainer, moe_param_count
+from minidist.core.moe import MoEConfig
+from minidist.training.train import MoETrainer
+from minidist.plan.memory import moe_param_count
 from minidist.parallel.expert_parallel import check_expert_parallel, expert_parallel_traffic
 from minidist.core.tensor import default_dtype
-from minidist.train import OptimSettings
+from minidist.training.train import OptimSettings
 
 CONFIG = dict(vocab_size=256, block_size=16, n_layer=2, n_head=2, n_embd=16, num_experts=4)
 SETTINGS = dict(lr=1e-2, steps=3, warmup=1, min_lr=1e-3, clip=1.0)
@@ -36,11 +38,11 @@ def label(layout: dict) -> str:
 def ep_rank_program(layouts, config, settings, steps, batch, resumed):
     from minidist.comm import get_world, traffic
     from minidist.core.data import make_task
-    from minidist.moe import MoEConfig
+    from minidist.core.moe import MoEConfig
     from minidist.parallel import checkpointing
     from minidist.parallel.expert_parallel import ExpertParallelTrainer
     from minidist.core.tensor import default_dtype
-    from minidist.train import OptimSettings
+    from minidist.training.train import OptimSettings
 
     out = {}
     with default_dtype("float64"):

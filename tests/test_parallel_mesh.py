@@ -46,7 +46,7 @@ def mesh_rank_program(layouts, config):
     from minidist.parallel.composed import MeshTrainerFor
     from minidist.parallel.zero_tensor import STAGES
     from minidist.core.tensor import default_dtype
-    from minidist.train import OptimSettings
+    from minidist.training.train import OptimSettings
 
     out = {}
     with default_dtype("float64"):
@@ -177,7 +177,7 @@ def recompute_in_a_mesh():
     from minidist.core.data import make_task
     from minidist.parallel.composed import MeshTrainer
     from minidist.core.tensor import default_dtype
-    from minidist.train import OptimSettings
+    from minidist.training.train import OptimSettings
 
     out = {}
     with default_dtype("float64"):

@@ -16,7 +16,7 @@ from minidist.core.model import GPTConfig
 from minidist.parallel.pipeline import check_pipeline_layout, chunk_layers, partition
 from minidist.parallel.schedules import make_schedule, peak_in_flight
 from minidist.core.tensor import default_dtype
-from minidist.train import OptimSettings
+from minidist.training.train import OptimSettings
 
 CONFIG = dict(vocab_size=256, block_size=16, n_layer=4, n_head=2, n_embd=16)
 STEPS, BATCH = 3, 8

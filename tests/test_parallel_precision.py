@@ -41,7 +41,7 @@ def build(layout: dict, precision: str):
     from minidist.parallel.composed import MeshTrainerFor
     from minidist.parallel.zero import ZeroTrainer
     from minidist.parallel.zero_tensor import STAGES
-    from minidist.train import OptimSettings
+    from minidist.training.train import OptimSettings
 
     options, zero = dict(layout), layout.get("zero", 0)
     options.pop("zero", None)
@@ -56,7 +56,7 @@ def build(layout: dict, precision: str):
 def serial(precision):
     from minidist.core.data import make_task
     from minidist.core.model import GPTConfig
-    from minidist.train import OptimSettings, SerialTrainer
+    from minidist.training.train import OptimSettings, SerialTrainer
 
     trainer = SerialTrainer(GPTConfig(**CONFIG), OptimSettings(**SETTINGS), make_task("sort", 16, seed=0), BATCH,
                             precision=precision)
@@ -91,7 +91,7 @@ def overflow_program():
     from minidist.core.data import make_task
     from minidist.core.model import GPTConfig
     from minidist.parallel.composed import MeshTrainer
-    from minidist.train import OptimSettings
+    from minidist.training.train import OptimSettings
 
     world = get_world()
     trainer = MeshTrainer(GPTConfig(**CONFIG), OptimSettings(**SETTINGS), make_task("sort", 16, seed=0), BATCH,
@@ -125,7 +125,7 @@ def test_composed_layouts_follow_serial_within_the_formats_bounds(four, precisio
     eps = FORMATS[precision].eps
     for step, (g, w) in enumerate(zip(got["losses"], want_losses)):
         assert abs(g - w) <= 8 * eps * w, (step, g, w)
-    from minidist.train import OptimSettings
+    from minidist.training.train import OptimSettings
 
     drift = 2 * sum(OptimSettings(**SETTINGS).lr_at(s) for s in range(STEPS))
     for key, value in want_state.items():
@@ -235,7 +235,7 @@ def context_parallel_program(precisions):
     from minidist.core.data import make_task
     from minidist.core.model import GPTConfig
     from minidist.parallel.context_parallel import ContextParallelTrainer
-    from minidist.train import OptimSettings
+    from minidist.training.train import OptimSettings
 
     out = {}
     for precision in precisions:
@@ -257,7 +257,7 @@ def test_context_parallel_follows_serial_within_the_formats_bounds(precision):
     got, eps = ranks[0][precision], FORMATS[precision].eps
     for g, w in zip(got["losses"], want_losses):
         assert abs(g - w) <= 8 * eps * w
-    from minidist.train import OptimSettings
+    from minidist.training.train import OptimSettings
 
     drift = 2 * sum(OptimSettings(**SETTINGS).lr_at(s) for s in range(STEPS))
     for key, value in want_state.items():
@@ -273,9 +273,9 @@ MOE = dict(CONFIG, num_experts=4, top_k=2, capacity_factor=1.25)
 def moe_program(precisions):
     from minidist.comm import get_world
     from minidist.core.data import make_task
-    from minidist.moe import MoEConfig
+    from minidist.core.moe import MoEConfig
     from minidist.parallel.expert_parallel import ExpertParallelTrainer
-    from minidist.train import OptimSettings
+    from minidist.training.train import OptimSettings
 
     out = {}
     for precision in precisions:
@@ -293,8 +293,9 @@ def test_expert_parallelism_follows_the_serial_mixture_within_the_formats_bounds
     """Experts over ep = 2 of 2 ranks in 16 bits: the router's softmax runs in fp32 (autocast's
     policy), so the routing of the serial 16-bit run repeats; losses within 8 eps."""
     from minidist.core.data import make_task
-    from minidist.moe import MoEConfig, MoETrainer
-    from minidist.train import OptimSettings
+    from minidist.core.moe import MoEConfig
+    from minidist.training.train import MoETrainer
+    from minidist.training.train import OptimSettings
 
     serial_moe = MoETrainer(MoEConfig(**MOE), OptimSettings(**SETTINGS), make_task("sort", 16, seed=0), BATCH,
                             precision=precision)
@@ -318,7 +319,7 @@ def alone_program(precisions):
     from minidist.core.model import GPTConfig
     from minidist.parallel.pipeline import PipelineTrainer
     from minidist.parallel.tensor_parallel import TensorParallelTrainer
-    from minidist.train import OptimSettings
+    from minidist.training.train import OptimSettings
 
     out = {}
     for precision in precisions:
@@ -336,8 +337,8 @@ def alone_program(precisions):
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_tensor_and_pipeline_parallelism_alone_run_their_own_trainers_in_16_bits(precision):
-    from minidist.layout import Layout, strategy
-    from minidist.train import OptimSettings
+    from minidist.training.layout import Layout, strategy
+    from minidist.training.train import OptimSettings
 
     assert strategy(Layout(tp=2, precision=precision)) == "tp"  # not the mesh's tp2
     assert strategy(Layout(pp=2, microbatches=2, precision=precision)) == "pp-1f1b"

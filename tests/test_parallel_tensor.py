@@ -19,7 +19,7 @@ from minidist.comm.launch import run
 from minidist.core.data import make_task
 from minidist.core.model import GPT, GPTConfig
 from minidist.core.tensor import default_dtype
-from minidist.train import OptimSettings
+from minidist.training.train import OptimSettings
 
 CONFIG = dict(vocab_size=256, block_size=16, n_layer=2, n_head=4, n_embd=16)
 STEPS, BATCH = 3, 8
@@ -365,7 +365,7 @@ def test_traffic_per_step_matches_formula(parallel):
 
 
 def test_parameter_bytes_per_rank(parallel):
-    from minidist.memory import tensor_parallel_parameter_counts
+    from minidist.plan.memory import tensor_parallel_parameter_counts
 
     t, results = parallel
     assert len(results) == t
@@ -430,7 +430,7 @@ def test_sequence_parallel_traffic_equals_tensor_parallel(parallel):
 
 
 def test_sequence_parallel_divides_the_replicated_activations_by_t(parallel):
-    from minidist.memory import sequence_parallel_activation_bytes
+    from minidist.plan.memory import sequence_parallel_activation_bytes
 
     t, results = parallel
     assert len(results) == t

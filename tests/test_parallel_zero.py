@@ -15,7 +15,7 @@ from minidist.core.data import make_task
 from minidist.comm.launch import run
 from minidist.core.model import GPT, GPTConfig
 from minidist.core.tensor import default_dtype
-from minidist.train import OptimSettings
+from minidist.training.train import OptimSettings
 
 CONFIG = dict(vocab_size=256, block_size=16, n_layer=2, n_head=2, n_embd=16)
 STEPS, BATCH = 3, 12  # 12 rows split evenly for dp = 2, 3, 4
@@ -119,7 +119,7 @@ def test_resume_from_sharded_checkpoint_is_bit_for_bit(parallel, stage):
 
 def test_consolidated_checkpoint_loads_into_the_serial_model(parallel):
     """The weights after 2 steps, consolidated from N part files, are the serial run's."""
-    from minidist import checkpoint
+    from minidist.training import checkpoint
 
     n, root, _ = parallel
     expected = serial_run(CONFIG, SETTINGS, BATCH, STEPS - 1)["state"]

@@ -16,7 +16,7 @@ from minidist.core.data import make_task
 from minidist.core.model import GPTConfig
 from minidist.precision import FORMATS
 from minidist.core.tensor import default_dtype
-from minidist.train import OptimSettings
+from minidist.training.train import OptimSettings
 
 CONFIG = dict(vocab_size=256, block_size=16, n_layer=2, n_head=2, n_embd=16)
 STEPS, BATCH = 3, 16  # 16 rows: dp=2 x k=4 and dp=4 x k=2 micro-batches of 2 rows

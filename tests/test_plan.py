@@ -1,4 +1,4 @@
-"""The layout planner (minidist/plan.py, plan_model.py), pure arithmetic: its parameter counts and
+"""The layout planner (minidist/plan/search.py, predict.py), pure arithmetic: its parameter counts and
 memory ledgers equal minidist's own, its time terms equal their formulas for hand-computed
 cases, its search keeps exactly the valid layouts and reports those that do not fit, and for
 GPT-3 175B on 8-GPU nodes its best layouts follow Megatron-LM's rules of thumb."""
@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from minidist import memory
+from minidist.plan import memory
 from minidist.bench.plan import demo_flags, spearman
 from minidist.comm import cost
 from minidist.core.model import GPT, GPTConfig
@@ -16,12 +16,12 @@ from minidist.parallel import schedules as S
 from minidist.parallel.mesh import layout as mesh_layout
 from minidist.parallel.pipeline import PipelineStage
 from minidist.parallel.zero import make_units
-from minidist.plan import PRESETS, SCHEDULES, candidate_layouts, format_table, main, plan, why_invalid
-from minidist.plan_model import (Cluster, Layout, Workload, flops_per_step, group_span, heaviest_stage, in_flight,
+from minidist.plan.search import PRESETS, SCHEDULES, candidate_layouts, format_table, main, plan, why_invalid
+from minidist.plan.predict import (Cluster, Layout, Workload, flops_per_step, group_span, heaviest_stage, in_flight,
                                  interleaved_peak, padded_vocab, predict, rank_ledger, rank_parameter_count,
                                  rank_units, stage_ledger, state_bytes)
 from minidist.core.tensor import Tensor, graph_bytes
-from minidist.train import OptimSettings, make_optimizer
+from minidist.training.train import OptimSettings, make_optimizer
 
 DEMO = GPTConfig()  # vocab 256, block 64, 4 layers, 4 heads, 128 wide, tied
 SMALL = GPTConfig(vocab_size=48, block_size=8, n_layer=5, n_head=4, n_embd=16, tie_weights=False)

@@ -16,7 +16,7 @@ from minidist.core.model import GPT, GPTConfig
 from minidist.core.nn import Parameter
 from minidist.precision import FORMATS, autocast, round_to
 from minidist.core.tensor import Tensor
-from minidist.train import OptimSettings, SerialTrainer
+from minidist.training.train import OptimSettings, SerialTrainer
 
 CONFIG = GPTConfig(vocab_size=256, block_size=16, n_layer=2, n_head=2, n_embd=32)
 BF16, FP16, FP32 = np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16), np.dtype(np.float32)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from minidist.core import functional as F
-from minidist import memory, recompute_cost
+from minidist.plan import memory, recompute_cost
 from minidist.core.data import make_task
 from minidist.core.gradcheck import gradcheck
 from minidist.core.kernels import kernels
@@ -15,7 +15,7 @@ from minidist.core.nn import Dropout, Linear, Module
 from minidist.precision import autocast
 from minidist.core.recompute import checkpoint, checkpoint_sequential, record_recomputation, segment_bounds
 from minidist.core.tensor import Tensor, default_dtype, graph_bytes, no_grad
-from minidist.train import OptimSettings, SerialTrainer, generator_states
+from minidist.training.train import OptimSettings, SerialTrainer, generator_states
 
 TINY = dict(vocab_size=64, block_size=8, n_layer=4, n_head=2, n_embd=16)
 B = 3  # batch

@@ -63,7 +63,7 @@ ASSIGNMENTS = [
                 "tests/test_loss_scale.py::test_growth_stops_at_the_largest_float32"),
                hidden=("hidden_tests/test_hidden_loss_scale.py",)),
     Assignment("moe_capacity", 11, 2, 30,
-               "minidist/moe.py queue_starts and assign_slots (each choice's place in its expert's queue: "
+               "minidist/core/moe.py queue_starts and assign_slots (each choice's place in its expert's queue: "
                "first choices first, then by position)",
                ("tests/test_moe.py::test_first_come_first_served_with_first_choices_before_second_choices",
                 "tests/test_moe.py::test_slices_of_the_batch_get_the_places_the_whole_batch_gives",

@@ -64,7 +64,7 @@ def rank_program(modes: list[str], steps: int, warmup: int, batch: int, bucket_k
     from minidist.parallel.data_parallel import DataParallelTrainer
     from minidist.runtime import tune_malloc
     from minidist.core.tensor import default_dtype
-    from minidist.train import OptimSettings, SerialTrainer
+    from minidist.training.train import OptimSettings, SerialTrainer
 
     tune_malloc()
     if wait:

@@ -30,7 +30,7 @@ import numpy as np
 from minidist import cli
 from minidist.core.data import make_task
 from minidist.core.model import GPTConfig
-from minidist.train import OptimSettings
+from minidist.training.train import OptimSettings
 
 DEFAULT_CONFIG = dict(vocab_size=256, block_size=64, n_layer=4, n_head=4, n_embd=128)
 

@@ -48,9 +48,9 @@ from minidist.comm import cost
 from minidist.comm.launch import find_mpiexec, run
 from minidist.core.data import make_task
 from minidist.core.model import GPTConfig
-from minidist.plan import candidate_layouts, plan
-from minidist.layout import Layout
-from minidist.plan_model import Cluster, Workload, flops_per_step, rank_ledger
+from minidist.plan.search import candidate_layouts, plan
+from minidist.training.layout import Layout
+from minidist.plan.predict import Cluster, Workload, flops_per_step, rank_ledger
 from minidist.parallel.mesh import coordinates
 
 PILES = ("params", "grads", "optimizer")

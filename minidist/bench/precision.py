@@ -59,7 +59,7 @@ def train(trainers: dict, steps: int) -> dict:
 
 
 def settings_for(steps: int):
-    from minidist.train import OptimSettings
+    from minidist.training.train import OptimSettings
 
     return OptimSettings(lr=3e-3, steps=steps, warmup=min(2, steps - 1), min_lr=3e-4)
 
@@ -68,7 +68,7 @@ def serial(config: dict, steps: int, batch_size: int) -> dict:
     """The three precisions trained serially in this process."""
     from minidist.core.data import make_task
     from minidist.core.model import GPTConfig
-    from minidist.train import SerialTrainer
+    from minidist.training.train import SerialTrainer
 
     task = make_task("sort", config["block_size"], seed=0)
     return train({p: SerialTrainer(GPTConfig(**config), settings_for(steps), task, batch_size, precision=p)

@@ -35,10 +35,10 @@ from threadpoolctl import threadpool_limits
 from minidist import cli
 from minidist.core.model import GPTConfig
 from minidist.core.recompute import MODES
-from minidist.recompute_cost import DEMO, RandomTokens, activation_bytes, ledger, predicted_activation_bytes
+from minidist.plan.recompute_cost import DEMO, RandomTokens, activation_bytes, ledger, predicted_activation_bytes
 from minidist.runtime import tune_malloc
 from minidist.core.tensor import default_dtype
-from minidist.train import OptimSettings, SerialTrainer
+from minidist.training.train import OptimSettings, SerialTrainer
 from minidist.bench import write_records
 
 BATCH = 16

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import json
 
-from minidist import cli, memory
+from minidist import cli
+from minidist.plan import memory
 from minidist.comm.cost import zero_bytes_sent
 from minidist.core.data import make_task
 from minidist.core.model import GPTConfig
-from minidist.train import OptimSettings
+from minidist.training.train import OptimSettings
 
 DEFAULT_CONFIG = dict(vocab_size=256, block_size=64, n_layer=4, n_head=4, n_embd=128)
 

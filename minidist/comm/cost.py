@@ -166,7 +166,7 @@ def tensor_parallel_traffic_per_step(config, batch: int, tp: int, itemsize: int 
     sequence_parallel=True: each B·T·C all-reduce becomes one reduce-scatter and one all-gather
     (ring: (t-1)/t of the array each, together a ring all-reduce's bytes), and one all-reduce of
     the replicated parameters' partial gradients is added."""
-    from minidist.memory import tensor_parallel_parameter_counts
+    from minidist.plan.memory import tensor_parallel_parameter_counts
 
     seq = config.block_size if seq is None else seq
     n = batch * seq

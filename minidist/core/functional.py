@@ -45,7 +45,7 @@ from minidist.core.shape_ops import (  # noqa: F401  (re-exported: see the docst
     transpose,
     where,
 )
-from minidist.core.tensor import Function, Tensor, as_array
+from minidist.core.tensor import Function, Tensor
 
 # ----------------------------------------------------------------------------- arithmetic
 

@@ -39,7 +39,7 @@ the kernel path in force during the forward are restored for the recomputation t
 Selective recomputation (Korthikanti et al. 2022) checkpoints only the attention core,
 softmax(QK^T)V and its dropout, whose arrays grow with the square of the sequence; full
 recomputation checkpoints whole blocks. The GPT chooses with `GPT.set_recompute` (model.py);
-`minidist/recompute_cost.py` measures what each choice keeps and costs.
+`minidist/plan/recompute_cost.py` measures what each choice keeps and costs.
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ import math
 import shlex
 from dataclasses import dataclass, field
 
-from minidist.layout import Layout
+from minidist.training.layout import Layout
 from minidist.core.model import GPTConfig
 
 BETAS, EPS = (0.9, 0.95), 1e-8  # minidist's AdamW (train.make_optimizer)
@@ -76,7 +76,7 @@ class Translation:
         return s
 
     def layout(self) -> Layout:
-        """The config's layout as minidist's one typed value (`minidist/layout.py`)."""
+        """The config's layout as minidist's one typed value (`minidist/training/layout.py`)."""
         pipeline = self.pp > 1
         return Layout(dp=self.dp, tp=self.tp, pp=self.pp, zero=self.zero,
                       microbatches=self.microbatches if pipeline else self.accumulation,
@@ -112,7 +112,7 @@ class Translation:
 
     def optim_settings(self):
         """minidist's OptimSettings with every value this config gives (the others: defaults)."""
-        from minidist.train import OptimSettings
+        from minidist.training.train import OptimSettings
         given = {k: getattr(self, k) for k in ("lr", "min_lr", "warmup", "steps", "weight_decay", "clip")}
         return OptimSettings(**{k: v for k, v in given.items() if v is not None})
 

@@ -34,7 +34,7 @@ def train_variants(variants: list[dict], config: dict, steps: int, batch: int, d
     from minidist.parallel.data_parallel import DataParallelTrainer
     from minidist.runtime import tune_malloc
     from minidist.core.tensor import default_dtype
-    from minidist.train import OptimSettings
+    from minidist.training.train import OptimSettings
 
     tune_malloc()
     world = dist.get_world()

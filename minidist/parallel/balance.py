@@ -32,7 +32,7 @@ import time
 import numpy as np
 
 from minidist.parallel.data_parallel import DataParallelTrainer
-from minidist.reshard import whole
+from minidist.training.reshard import whole
 
 
 def even_split(batch_size: int, world_size: int) -> list[int]:

@@ -1,8 +1,8 @@
 """Saving and resuming a whole training run, on every rank of a job, whatever the layout.
 
 Chapter 2 (nothing lost) and chapter 8 (sharded states). Each trainer gives its rank's pieces of
-the serial run's state, `Trainer.global_state()` (minidist/reshard.py); this file runs
-minidist/checkpoint.py's steps collectively, and loads a checkpoint into any layout:
+the serial run's state, `Trainer.global_state()` (minidist/training/reshard.py); this file runs
+minidist/training/checkpoint.py's steps collectively, and loads a checkpoint into any layout:
 
     save(directory, step, trainer, run, group)     # every rank's places gathered; copies written
                                                    # once; every rank writes its part; barrier;
@@ -35,9 +35,9 @@ import signal
 
 import numpy as np
 
-from minidist import checkpoint
+from minidist.training import checkpoint
 from minidist.comm import barrier
-from minidist.reshard import InMemory, assemble
+from minidist.training.reshard import InMemory, assemble
 
 
 def own_names(trainer, rank: int) -> dict:

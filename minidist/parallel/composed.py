@@ -53,7 +53,7 @@ import math
 
 import numpy as np
 
-from minidist import memory
+from minidist.plan import memory
 from minidist.comm import all_gather, all_reduce, reduce_scatter
 from minidist.comm.world import World, resolve
 from minidist.core.data import accuracy
@@ -68,7 +68,7 @@ from minidist.parallel.tensor_stage import SequenceParallelStage, TensorParallel
 from minidist.parallel.zero_partition import (ShardedAdamW, chunk_state, flat_parameters, load_chunk_state,
                                               make_units, master_chunks, mixed_precision_step)
 from minidist.core.tensor import get_default_dtype
-from minidist.train import (OptimSettings, generator_state, load_generator_states, load_scaler_state,
+from minidist.training.train import (OptimSettings, generator_state, load_generator_states, load_scaler_state,
                             load_training_state, scaler_state,
                             training_state)
 
@@ -107,12 +107,12 @@ class MeshTrainer(PipelineTrainer):
                  group: World | None = None, dp: int = 1, tp: int = 1, pp: int = 1, microbatches: int = 1,
                  schedule: str = "1f1b", virtual_stages: int | None = None, sequence_parallel: bool = False,
                  bucket_cap_bytes: int = 1 << 20, precision: str = "fp32", fp32_grads: bool = False,
-                 cp: int = 1, cp_algorithm: str = "ring", cp_split: str = "zigzag"):
+                 cp: int = 1, cp_algorithm: str = "ring", cp_split: str = "zigzag", ep: int = 1):
         world = resolve(group)
         v = virtual_stages if virtual_stages is not None else (2 if schedule == "interleaved" else 1)
         check_composed(config, world.size, batch_size, dp, tp, pp, microbatches, schedule, v, sequence_parallel,
                        self.zero, cp, cp_algorithm, cp_split)
-        self.mesh = mesh = DeviceMesh(world, dp=dp, tp=tp, pp=pp, cp=cp)
+        self.mesh = mesh = DeviceMesh(world, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)  # ep: expert_stage.py
         self.sequence_parallel, self.fp32_grads = sequence_parallel, fp32_grads
         # every tensor-parallel message's size follows from these facts: checked once (chapter 7)
         self.tp_group = mesh.tp_group.verify("the tensor-parallel layout",
@@ -269,9 +269,14 @@ class MeshZero1Trainer(MeshTrainer):
     def build_data_parallel(self, bucket_cap_bytes: int) -> None:
         """ZeRO-1's partition of chapter 8 (`zero_partition.py`), applied to this rank's stage shard."""
         dp = self.replica_group
-        self.units = make_units(self.stage, dp.size, dp.rank)  # no root unit on a middle stage
+        units = make_units(self.stage, dp.size, dp.rank)  # no root unit on a middle stage
         # replicas of one shard cut the same units: checked once, then every collective is one line
-        self.dp_group = dp.verify("the mesh's ZeRO units", [(u.name, u.padded, np.dtype(u.dtype).str) for u in self.units])
+        self.dp_group = dp.verify("the mesh's ZeRO units", [(u.name, u.padded, np.dtype(u.dtype).str) for u in units])
+        self.build_data_parallel_units(units)
+
+    def build_data_parallel_units(self, units: list) -> None:
+        """Flat weights, gradient chunks and the sharded AdamW over `units`."""
+        self.units = units
         self.param_buffers = flat_parameters(self.units)  # one all-gather per unit refreshes the weights
         self.grad_chunks = [np.zeros(u.chunk, dtype=u.dtype) for u in self.units]
         self.norm_weights = [u.flatten([np.full(p.shape, float(self.counted_in_norm(p))) for p in u.params])[u.lo:u.hi]

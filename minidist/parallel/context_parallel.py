@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from minidist import memory
+from minidist.plan import memory
 from minidist.comm import all_reduce, any_rank, irecv, isend, wait
 from minidist.comm.world import World, resolve
 from minidist.core.data import IGNORE_INDEX, shard_rows
@@ -60,7 +60,7 @@ from minidist.parallel.data_parallel import DistributedDataParallel
 from minidist.parallel.mesh import DeviceMesh
 from minidist.parallel.ulysses import check_ulysses, ulysses_attention, ulysses_traffic
 from minidist.core.tensor import Function, get_default_dtype, graph_bytes
-from minidist.train import (OptimSettings, Trainer, load_training_state, make_optimizer, training_state)
+from minidist.training.train import (OptimSettings, Trainer, load_training_state, make_optimizer, training_state)
 
 ALGORITHMS, SPLITS = ("ring", "ulysses"), ("zigzag", "contiguous")
 KV_TAG, DKV_TAG = 11, 12  # the ring's two streams of messages: K/V blocks, their gradients

@@ -33,7 +33,7 @@ import time
 
 import numpy as np
 
-from minidist import memory
+from minidist.plan import memory
 from minidist.comm import all_reduce, any_rank, broadcast
 from minidist.comm.world import World, resolve
 from minidist.core.data import accuracy
@@ -41,7 +41,7 @@ from minidist.precision.mixed_precision import Precision
 from minidist.core.model import GPT, GPTConfig
 from minidist.core.tensor import graph_bytes
 from minidist.timeline import Timeline
-from minidist.train import (OptimSettings, Trainer, load_training_state, make_optimizer, training_state)
+from minidist.training.train import (OptimSettings, Trainer, load_training_state, make_optimizer, training_state)
 
 
 class NaiveDistributedDataParallel:

@@ -1,6 +1,6 @@
 """Expert parallelism (专家并行): the MoE GPT's experts spread over ep ranks, the tokens sent to them.
 
-Chapter 11, part 3 (the serial MoE GPT is `minidist/moe.py`). The world's W ranks are
+Chapter 11, part 3 (the serial MoE GPT is `minidist/core/moe.py`). The world's W ranks are
 data-parallel: each holds a slice of B/W rows of the batch and a copy of everything that is not
 an expert (embeddings, attention, LayerNorms, routers). Groups of ep consecutive ranks share the
 E experts between them, E/ep each, as DeepSpeed lays them out:
@@ -30,7 +30,7 @@ tokens, f from the whole batch's counts); the serial loss is (1/W) sum_r L_r.
 
 Traffic per rank and step, per MoE layer: the counts' all-gather, (W-1) k E integers; four
 all-to-alls (dispatch and combine, forward and backward) of (ep-1)/ep x E x S x C elements each
-(`expert_parallel_traffic`). Every layout reproduces `moe.MoETrainer` in float64, dropped tokens
+(`expert_parallel_traffic`). Every layout reproduces `training.train.MoETrainer` in float64, dropped tokens
 included (tests/test_parallel_expert.py).
 """
 from __future__ import annotations
@@ -41,15 +41,16 @@ import re
 import numpy as np
 
 from minidist.core import functional as F
-from minidist import memory
+from minidist.plan import memory
 from minidist.comm import all_gather, all_reduce, all_to_all, any_rank
 from minidist.comm.world import World, resolve
 from minidist.core.data import accuracy
 from minidist.precision.mixed_precision import Precision
-from minidist.moe import MoEConfig, MoEGPT, MoELayer, Routing, is_moe_param, moe_param_count, moe_report
+from minidist.core.moe import MoEConfig, MoEGPT, MoELayer, Routing, is_moe_param, moe_report
+from minidist.plan.memory import moe_param_count
 from minidist.parallel.mesh import DeviceMesh
 from minidist.core.tensor import Function, Tensor, get_default_dtype, graph_bytes
-from minidist.train import (OptimSettings, Trainer, load_training_state, make_optimizer,
+from minidist.training.train import (OptimSettings, Trainer, load_training_state, make_optimizer,
                             training_state)
 
 
@@ -71,11 +72,30 @@ def check_expert_parallel(config, world_size: int, ep: int, batch_size: int | No
 
 
 def expert_parallel_traffic(config: MoEConfig, world_size: int, ep: int, slots: list[int], itemsize: int) -> dict:
-    """Bytes one rank sends in one step's MoE layers: the all-to-alls (given each layer's S)
-    and the counts' all-gathers (int64)."""
+    """Bytes one rank sends in one step's MoE layers: the all-to-alls (given S of each pass of a
+    token batch through a layer it holds: one per layer, or per layer and micro-batch) and the
+    counts' all-gathers (int64), one per pass."""
     C, E = config.n_embd, config.num_experts
     return {"all_to_all": sum(4 * (ep - 1) * (E // ep) * s * C * itemsize for s in slots),
-            "counts": config.n_layer * (world_size - 1) * config.top_k * E * 8}
+            "counts": len(slots) * (world_size - 1) * config.top_k * E * 8}
+
+
+def average_expert_gradients(replicated: list, experts: list, dp_group: World, expert_dp_group: World) -> None:
+    """Replicated gradients: the average over the W ranks of `dp_group`. Expert gradients: the
+    sum over the expert-data-parallel group (nothing to send when ep = W), divided by W (module
+    docstring). One flat all-reduce per group."""
+    for params, group, op in ((replicated, dp_group, "avg"), (experts, expert_dp_group, "sum")):
+        if not params:
+            continue
+        flat = np.concatenate([(p.grad if p.grad is not None else np.zeros_like(p.data)).ravel() for p in params])
+        if group.size > 1:
+            all_reduce(flat, op=op, group=group)
+        if params is experts:
+            flat /= dp_group.size
+        offset = 0
+        for p in params:
+            p.grad = flat[offset:offset + p.size].reshape(p.shape)
+            offset += p.size
 
 
 class AllToAll(Function):
@@ -222,18 +242,7 @@ class ExpertParallelTrainer(Trainer):
         return float(totals[0]), float(totals[1])
 
     def synchronize_gradients(self) -> None:
-        """Replicated gradients: the average over all W ranks. Expert gradients: the sum over the
-        expert-data-parallel group (nothing to do when ep = W), divided by W (module docstring)."""
-        for params, group, op in ((self.replicated, self.dp_group, "avg"), (self.experts, self.expert_dp_group, "sum")):
-            flat = np.concatenate([(p.grad if p.grad is not None else np.zeros_like(p.data)).ravel() for p in params])
-            if group.size > 1:
-                all_reduce(flat, op=op, group=group)
-            if params is self.experts:
-                flat /= self.dp_group.size
-            offset = 0
-            for p in params:
-                p.grad = flat[offset:offset + p.size].reshape(p.shape)
-                offset += p.size
+        average_expert_gradients(self.replicated, self.experts, self.dp_group, self.expert_dp_group)
 
     def grad_norm(self, params: list, grads: list) -> float:
         """The whole model's gradient norm from `grads` (of `params`): the replicated parameters

@@ -40,7 +40,7 @@ import time
 
 import numpy as np
 
-from minidist import memory
+from minidist.plan import memory
 from minidist.core.data import accuracy
 from minidist.comm import all_reduce, any_rank, irecv, isend, sendrecv, wait
 from minidist.comm.world import World, resolve
@@ -52,7 +52,7 @@ from minidist.parallel.pipeline_stage import (Layers, PipelineStage, check_pipel
                                               partition)
 from minidist.core.tensor import Tensor, graph_bytes
 from minidist.timeline import Timeline
-from minidist.train import (OptimSettings, Trainer, load_training_state, make_optimizer,
+from minidist.training.train import (OptimSettings, Trainer, load_training_state, make_optimizer,
                             training_state)
 
 TIED_TAG = 1 << 20  # above every activation/gradient tag (2 * (micro * p * v + edge) + direction)

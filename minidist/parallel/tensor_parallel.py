@@ -42,7 +42,7 @@ import math
 import numpy as np
 
 from minidist.core import functional as F
-from minidist import memory
+from minidist.plan import memory
 from minidist.comm import all_gather, all_reduce, any_rank
 from minidist.comm.world import World, resolve
 from minidist.core.model import GPTConfig, init_weights
@@ -53,7 +53,7 @@ from minidist.parallel.sequence import (SequenceParallelLayers, allreduce_sequen
                                         check_sequence_length, mark_sequence_parallel)
 from minidist.parallel.tensor_layers import TensorParallelLayers, vocab_parallel_argmax, vocab_parallel_cross_entropy
 from minidist.core.tensor import Tensor, get_default_dtype, graph_bytes
-from minidist.train import OptimSettings, Trainer, load_training_state, make_optimizer, training_state
+from minidist.training.train import OptimSettings, Trainer, load_training_state, make_optimizer, training_state
 
 
 def check_tensor_parallel(config: GPTConfig, tp: int, sequence_parallel: bool = False) -> None:

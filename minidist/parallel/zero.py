@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from minidist import memory
+from minidist.plan import memory
 from minidist.comm import all_gather, all_reduce, reduce_scatter
 from minidist.comm.world import World, resolve
 from minidist.core.data import accuracy
@@ -54,8 +54,8 @@ from minidist.parallel.zero_partition import (FlatUnit, LiveBytes, ShardedAdamW,
                                               flat_parameters, load_chunk_state, make_units, master_chunks,
                                               mixed_precision_step)
 from minidist.core.tensor import graph_bytes
-from minidist.reshard import Piece
-from minidist.train import (OptimSettings, Trainer, generator_state, load_generator_states, load_scaler_state,
+from minidist.training.reshard import Piece
+from minidist.training.train import (OptimSettings, Trainer, generator_state, load_generator_states, load_scaler_state,
                             scaler_state)
 
 

@@ -10,7 +10,7 @@ What all three stages of `zero.py` stand on (and the mesh's ZeRO-1, `composed.py
   owned chunk only, with weight decay decided per element by which parameter it belongs to.
 - `LiveBytes`: the bytes of short-lived buffers, for the memory ledger's peak.
 - `chunk_state`, `load_chunk_state`: the chunks as pieces of the serial model's arrays, and back
-  (checkpoints, minidist/reshard.py): a flat range of each parameter a chunk cuts through.
+  (checkpoints, minidist/training/reshard.py): a flat range of each parameter a chunk cuts through.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import numpy as np
 
 from minidist.comm import all_reduce, any_rank
 from minidist.core.optim import adamw_update
-from minidist.reshard import Piece, box_of, checked, cut, global_shape, whole
+from minidist.training.reshard import Piece, box_of, checked, cut, global_shape, whole
 
 BETAS, EPS = (0.9, 0.95), 1e-8  # as train.make_optimizer builds the serial AdamW
 
@@ -79,16 +79,17 @@ class FlatUnit:
         return segments
 
 
-def make_units(model, world_size: int, rank: int) -> list[FlatUnit]:
+def make_units(model, world_size: int, rank: int, select=None, suffix: str = "") -> list[FlatUnit]:
     """The root unit (every parameter outside the blocks: embeddings, ln_f, an untied head),
     then one unit per transformer block `h.i` — FSDP's usual wrapping of a transformer. `model`
     may be a pipeline stage (chapter 9): its blocks keep their serial names, a middle stage has
-    no root."""
-    named = list(model.named_parameters())
+    no root. `select(p)`: only those parameters (the experts apart, chapter 11), the units'
+    names ending in `suffix`."""
+    named = [(n, p) for n, p in model.named_parameters() if select is None or select(p)]
     root = [(n, p) for n, p in named if not n.startswith("h.")]
     blocks = sorted({int(n.split(".")[1]) for n, _ in named if n.startswith("h.")})
     pieces = [("root", root)] + [(f"h.{i}", [(n, p) for n, p in named if n.startswith(f"h.{i}.")]) for i in blocks]
-    return [FlatUnit(name, params, world_size, rank) for name, params in pieces if params]
+    return [FlatUnit(name + suffix, params, world_size, rank) for name, params in pieces if params]
 
 
 def flat_parameters(units: list[FlatUnit]) -> list[np.ndarray]:
@@ -213,7 +214,7 @@ def mixed_precision_step(optimizer: ShardedAdamW, scaler, settings, step: int, e
 
 
 def chunk_state(units: list[FlatUnit], optimizer: ShardedAdamW, tp_rank: int = 0, copies=()) -> dict[str, Piece]:
-    """This rank's chunks as pieces of the serial run's arrays (minidist/reshard.py): for each
+    """This rank's chunks as pieces of the serial run's arrays (minidist/training/reshard.py): for each
     parameter its chunk cuts through, the flat range it holds of its weights, moments and masters
     (of its tensor-parallel box at `tp_rank`, chapter 9), and the step. No messages. `copies`:
     parameters whose pieces another rank writes (a pipeline's second tied embedding)."""

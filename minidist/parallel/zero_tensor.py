@@ -29,7 +29,7 @@ from minidist.parallel.sequence import allreduce_partial_grads
 from minidist.parallel.tensor_parallel import (SequenceParallelGPT, TensorParallelGPT, check_tensor_parallel,
                                                consolidate_state_dict, vocab_parallel_accuracy)
 from minidist.parallel.zero import Zero2Trainer, Zero3Trainer
-from minidist.train import OptimSettings
+from minidist.training.train import OptimSettings
 
 
 class TensorParallelShards:

@@ -56,7 +56,7 @@ from minidist.core.model import GPTConfig
 from minidist.core.nn import Module
 from minidist.precision import FORMATS, round_to
 from minidist.core.tensor import Function
-from minidist.train import OptimSettings, SerialTrainer
+from minidist.training.train import OptimSettings, SerialTrainer
 
 _FP32 = np.float32
 

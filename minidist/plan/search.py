@@ -2,7 +2,7 @@
 
 One idea: a layout — data-parallel replicas d, tensor-parallel ranks t, pipeline stages p, the
 ZeRO stage, m micro-batches and the pipeline schedule — is a handful of integers, and its memory
-and step time are formulas (`plan_model.py`). So write down *every* valid layout, predict each,
+and step time are formulas (`predict.py`). So write down *every* valid layout, predict each,
 and sort: the rules of thumb of Megatron-LM (Narayanan et al. 2021, section 3.3) fall out of the
 arithmetic instead of being memorised —
 
@@ -15,7 +15,7 @@ arithmetic instead of being memorised —
     python -m minidist.plan --n-layer 24 --n-embd 2048 --n-head 16 --vocab-size 50257 --pad-vocab \\
         --seq-len 2048 --global-batch 512 --gpus 64 --precision mixed --json plan.json
 
-The rules a layout must follow are the demo's own, `Layout.validate` (minidist/layout.py), as in
+The rules a layout must follow are the demo's own, `Layout.validate` (minidist/training/layout.py), as in
 Megatron-LM/DeepSpeed, so every layout ranked here is one `python -m minidist.demo --layout NAME` runs:
 N = d·t·p; t divides the heads, 4·n_embd and the vocabulary (or the vocabulary is padded to a
 multiple of 128·t, as Megatron-LM does: --pad-vocab); p <= n_layer; d divides the global batch and
@@ -40,10 +40,10 @@ from dataclasses import asdict
 from tqdm import tqdm
 
 from minidist import cli
-from minidist.memory import format_bytes
+from minidist.plan.memory import format_bytes
 from minidist.core.model import GPTConfig
-from minidist.layout import Layout
-from minidist.plan_model import STATE_BYTES, Cluster, Workload, predict
+from minidist.training.layout import Layout
+from minidist.plan.predict import STATE_BYTES, Cluster, Workload, predict
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 

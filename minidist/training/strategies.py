@@ -1,7 +1,7 @@
 """Every strategy by its layout: how to build the trainer that runs it (chapter 9 in miniature).
 
 The strategies in `minidist/parallel/` know nothing of each other; this is the one place that
-knows them all. Which layouts are valid is `Layout.validate`'s to say (`minidist/layout.py`), and
+knows them all. Which layouts are valid is `Layout.validate`'s to say (`minidist/training/layout.py`), and
 which trainer runs one is `layout.strategy`'s; here each is built. Every strategy is a
 `train.Trainer`: `name`, `step(step) -> (loss, accuracy)`, `memory()`, `state_dict()`
 (collective: rank 0 receives the whole model), `num_parameters()`, `report()`, `model`.
@@ -21,6 +21,8 @@ which trainer runs one is `layout.strategy`'s; here each is built. Every strateg
     cp4, dp2-cp2  [-ulysses] [-contiguous]           ContextParallelTrainer        11
     tp2-cp2 ...   cp with tp, pp, ZeRO-1 or m > 1    MeshTrainer (context_stage.py) 9, 11
     moe, dp4-ep2  with --experts E                   MoETrainer, ExpertParallelTrainer  11
+    dp2-pp2-ep2   --experts E with --tp, --pp or -m  ExpertMeshTrainer (expert_stage.py) 11
+                  ... -zero1                         ExpertMeshZero1Trainer        11
 
 Every trainer holds one `mixed_precision.Precision` (the format, the fp32 masters, the loss
 scaler), so each layout runs the same code in every precision. Tensor parallelism with
@@ -30,18 +32,20 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from minidist.layout import Layout, strategy
-from minidist.moe import MoEConfig, MoETrainer
+from minidist.training.layout import Layout, strategy
+from minidist.core.moe import MoEConfig
+from minidist.training.train import MoETrainer
 from minidist.parallel import zero_tensor
 from minidist.parallel.balance import BalancedDataParallelTrainer
 from minidist.parallel.composed import MeshTrainerFor
 from minidist.parallel.context_parallel import ContextParallelTrainer, context_parallel_name
 from minidist.parallel.data_parallel import DataParallelTrainer
 from minidist.parallel.expert_parallel import ExpertParallelTrainer
+from minidist.parallel.expert_stage import ExpertMeshTrainer, ExpertMeshZero1Trainer
 from minidist.parallel.pipeline import PipelineTrainer
 from minidist.parallel.tensor_parallel import TensorParallelTrainer
 from minidist.parallel.zero import ZeroTrainer
-from minidist.train import OptimSettings, SerialTrainer
+from minidist.training.train import OptimSettings, SerialTrainer
 
 
 def optim_settings(args) -> OptimSettings:
@@ -63,11 +67,16 @@ def build_trainer(layout: Layout, config, task, world, settings: OptimSettings, 
     kind = strategy(layout, isinstance(config, MoEConfig))
     common = dict(seed=seed, precision=layout.precision)
     if kind == "moe":
-        return MoETrainer(config, settings, task, batch_size, **common)
+        return MoETrainer(config, settings, task, batch_size, microbatches=layout.microbatches, **common)
     if kind == "serial":
         return SerialTrainer(config, settings, task, batch_size, **common)
-    if isinstance(config, MoEConfig):
+    if kind == f"dp{layout.dp}-ep{layout.ep}":
         return ExpertParallelTrainer(config, settings, task, batch_size, group=world, ep=layout.ep, **common)
+    if isinstance(config, MoEConfig):
+        trainer = ExpertMeshZero1Trainer if layout.zero else ExpertMeshTrainer
+        return trainer(config, settings, task, batch_size, group=world, dp=layout.dp, tp=layout.tp,
+                                 pp=layout.pp, ep=layout.ep, microbatches=layout.microbatches,
+                                 schedule=layout.schedule or "1f1b", virtual_stages=layout.virtual_stages, **common)
     if layout.cp > 1 and kind == context_parallel_name(layout.cp, layout.dp, layout.cp_algorithm, layout.cp_split):
         return ContextParallelTrainer(config, settings, task, batch_size, group=world, cp=layout.cp, dp=layout.dp,
                                       algorithm=layout.cp_algorithm, split=layout.cp_split, **common)

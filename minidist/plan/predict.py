@@ -2,7 +2,7 @@
 
 One idea: every number a layout costs is a short formula in the model's sizes, the cluster's
 links and the layout's degrees — so all layouts can be *predicted* and ranked before any is run
-(`minidist/plan.py` searches them). Each formula sits in the function that uses it, with its
+(`minidist/plan/search.py` searches them). Each formula sits in the function that uses it, with its
 source; `python -m minidist.bench plan` runs minidist's own layouts beside the prediction.
 
 Notation: B global batch, b micro-batch (sequences), m micro-batches per step, s sequence, h
@@ -27,8 +27,8 @@ import functools
 from dataclasses import dataclass, replace
 
 from minidist.comm import cost
-from minidist.layout import Layout
-from minidist.memory import PRECISIONS, layer_activation_elements, megatron_activation_bytes
+from minidist.training.layout import Layout
+from minidist.plan.memory import PRECISIONS, layer_activation_elements, megatron_activation_bytes
 from minidist.parallel.mesh import coordinates
 from minidist.parallel.pipeline_stage import chunk_layers as _chunk_layers
 

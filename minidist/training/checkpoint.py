@@ -8,7 +8,7 @@ ZeRO...). A checkpoint is one directory per step, one file per rank and a manife
     DIR/step-000040/manifest.json             the step, the run, every file's bytes, sha256 and
                                               arrays, and every global array's shape, dtype, pieces
 
-Every array is the serial run's, under its global name (minidist/reshard.py), with the place of
+Every array is the serial run's, under its global name (minidist/training/reshard.py), with the place of
 each piece: a box of index ranges (a tensor-parallel shard), a flat range (a ZeRO chunk), both,
 or neither (whole). A piece held by several ranks (data-parallel copies) is written once, by the
 lowest of them. Arrays named `rankR.<name>` are rank R's own (its random generators), read back
@@ -27,7 +27,7 @@ and 1 hold the two halves of the vocabulary; ranks 2 and 3, the other replica, h
                                        "pieces": [{"file": "rank-00003-of-00004.npz"}]}, ...}}
 
 A ZeRO chunk's piece says `"flat": [1462, 2924]` instead of a box: those elements of the array,
-flattened (minidist/reshard.py has every kind).
+flattened (minidist/training/reshard.py has every kind).
 
 Written so that a crash at any moment leaves the newest complete checkpoint loadable:
 
@@ -62,7 +62,7 @@ from pathlib import Path
 import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy: np.dtype("bfloat16"))
 import numpy as np
 
-from minidist.reshard import assemble, extent
+from minidist.training.reshard import assemble, extent
 
 FORMAT = "minidist-checkpoint-v2"
 MANIFEST = "manifest.json"

@@ -40,10 +40,10 @@ import time
 
 import numpy as np
 
-from minidist import memory
+from minidist.plan import memory
 from minidist.core.recompute import check_recompute, record_recomputation, segment_bounds
 from minidist.core.tensor import default_dtype, graph_bytes
-from minidist.train import OptimSettings, SerialTrainer
+from minidist.training.train import OptimSettings, SerialTrainer
 
 DEMO = dict(vocab_size=256, block_size=64, n_layer=4, n_head=4, n_embd=128)  # the demo's model, batch 16
 

@@ -16,8 +16,8 @@ Three kinds of function live here, side by side, so a learner can check one agai
   2 + 2 + 12 bytes per parameter, divided among data-parallel ranks by stage) and
   `megatron_activation_bytes` (the Megatron-LM paper's per-layer formula).
 
-    python -m minidist.memory --params 7.5B --dp 64 --zero 3          # 1.88 GB per device
-    python -m minidist.memory --params 175e9 --json
+    python -m minidist.plan.memory --params 7.5B --dp 64 --zero 3          # 1.88 GB per device
+    python -m minidist.plan.memory --params 175e9 --json
 
 Sizes are in decimal units (1 GB = 1e9 bytes), as in the ZeRO paper.
 """
@@ -107,6 +107,13 @@ def param_count(config) -> int:
     V, T, L, h = config.vocab_size, config.block_size, config.n_layer, config.n_embd
     head = 0 if config.tie_weights else V * h
     return V * h + T * h + L * (12 * h * h + 13 * h) + 2 * h + head
+
+
+def moe_param_count(config) -> int:
+    """Parameters of the MoE GPT: the dense GPT's, with each block's MLP (8h² + 5h) counted E
+    times, plus the router's h x E weight."""
+    h, E = config.n_embd, config.num_experts
+    return param_count(config) + config.n_layer * ((E - 1) * (8 * h * h + 5 * h) + h * E)
 
 
 def layer_activation_elements(batch: int, seq: int, hidden: int, heads: int, dropout: bool = False) -> int:
@@ -295,7 +302,7 @@ def _stage(text: str) -> int:
 
 def main(argv=None) -> int:
     parser = cli.OneLineParser(
-        prog="python -m minidist.memory",
+        prog="python -m minidist.plan.memory",
         description="Per-device memory of model states (params, grads, Adam states) under ZeRO.")
     parser.add_argument("--params", type=_count, required=True, help="parameter count, e.g. 7.5e9 or 7.5B")
     parser.add_argument("--dp", type=cli.integer(1), default=1, help="data-parallel degree N (default 1)")

@@ -30,7 +30,7 @@ import re
 from dataclasses import asdict, dataclass, replace
 
 from minidist.core.model import GPTConfig
-from minidist.moe import MoEConfig
+from minidist.core.moe import MoEConfig
 from minidist.parallel.composed import mesh_name
 from minidist.parallel.context_parallel import check_context_parallel, context_parallel_name
 from minidist.parallel.context_stage import check_context_stage
@@ -119,10 +119,6 @@ class Layout:
                               ("schedule", (None, *SCHEDULES))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"--{name.replace('_', '-')} must be one of {allowed}, got {getattr(self, name)!r}")
-        if isinstance(config, MoEConfig) and self.world_size != world_size:  # every rank is a dp replica
-            raise ValueError(f"--experts on {world_size} ranks needs --dp {world_size}, got --dp {self.dp} (run: "
-                             f"mpirun -n {world_size} python -m minidist.demo --experts {config.num_experts} "
-                             f"--dp {world_size} --ep {self.ep})")
         if self.world_size != world_size:
             given = [a for a in AXES[:4] if getattr(self, a) > 1]
             flags = " ".join(f"--{a} {getattr(self, a)}" for a in given) or "serial"
@@ -139,11 +135,12 @@ class Layout:
         if e > 1 and not moe:
             raise ValueError("--ep needs --experts E (expert parallelism splits the experts of a MoE model)")
         if moe:
-            others = [flag for flag, on in (("--tp", t > 1), ("--pp", p > 1), ("--cp", c > 1), ("--zero", z),
+            others = [flag for flag, on in (("--cp", c > 1), (f"--zero {z}", z >= 2),
                                             ("--sequence-parallel", self.sequence_parallel), ("--naive-dp", self.naive_dp),
-                                            ("--balance", self.balance), ("--accumulation", m > 1)) if on]
-            if others:
-                raise ValueError(f"--experts combines with --dp and --ep only, not with {' '.join(others)}")
+                                            ("--balance", self.balance)) if on]
+            if others:  # ZeRO-2/3 and cp would each need their own cut of experts against replicated weights
+                raise ValueError(f"--experts combines with --dp, --ep, --tp, --pp, --zero 1 and micro-batches, not "
+                                 f"with {' '.join(others)}")
         if c > 1 and z >= 2:
             raise ValueError(f"--zero {z} with --cp {c}: the mesh runs context parallelism with ZeRO 0-1 (stages "
                              "2-3 would shard gradients that its micro-batches keep whole): use --zero 1")
@@ -205,7 +202,6 @@ class Layout:
                 raise ValueError(f"--cp {self.cp}: {why}") from None
         if isinstance(config, MoEConfig):
             check_expert_parallel(config, self.dp, self.ep, batch_size)
-            return
         if batch_size % (self.dp * self.microbatches):
             what = "micro-batches" if self.pp > 1 else "accumulation steps"
             raise ValueError(f"--batch-size {batch_size} (the global batch) is not divisible by dp={self.dp} x "
@@ -351,11 +347,15 @@ def strategy(layout: Layout, moe: bool = False) -> str:
         dp2-tp2, tp2-pp2, dp2-tp2-zero3, ...  the mesh (chapter 9): two axes or more (and tensor
                                               parallelism with accumulation, tp4-m2)
         cp4, dp2-cp2-ulysses                  context parallelism (chapter 11)
-        moe, dp4-ep2                          a mixture of experts (chapter 11)
+        moe, dp4-ep2, dp2-pp2-ep2             a mixture of experts (chapter 11): alone, over dp, on the mesh
     """
     d, t, p = layout.dp, layout.tp, layout.pp
-    if moe:
-        return "moe" if layout.world_size == 1 else f"dp{d}-ep{layout.ep}"
+    if moe:  # the MoE GPT: serial (with micro-batches or not), dp x ep alone, or on the mesh
+        if layout.world_size == 1:
+            return "moe"
+        if t == 1 and p == 1 and layout.microbatches == 1 and not layout.zero:
+            return f"dp{d}-ep{layout.ep}"
+        return f"{mesh_name(d, t, p, layout.zero)}-ep{layout.ep}"
     if layout.cp > 1:  # chapter 11's trainer for cp x dp alone; the mesh composes cp with the others
         if t == 1 and p == 1 and not layout.zero and layout.microbatches == 1:
             return context_parallel_name(layout.cp, d, layout.cp_algorithm, layout.cp_split)

@@ -37,11 +37,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from minidist.core import functional as F
-from minidist import memory
 from minidist.core.model import GPT, MLP, GPTConfig, init_weights
 from minidist.core.nn import Linear, Module
 from minidist.core.tensor import Tensor
-from minidist.train import OptimSettings, SerialTrainer
 
 
 @dataclass
@@ -62,13 +60,6 @@ class MoEConfig(GPTConfig):
             raise ValueError(f"MoEConfig: capacity_factor must be > 0, got {self.capacity_factor!r}")
         if not self.aux_loss_coef >= 0:
             raise ValueError(f"MoEConfig: aux_loss_coef must be >= 0, got {self.aux_loss_coef!r}")
-
-
-def moe_param_count(config: MoEConfig) -> int:
-    """Parameters of the MoE GPT: the dense GPT's, with each block's MLP (8h² + 5h) counted E
-    times, plus the router's h x E weight."""
-    h, E = config.n_embd, config.num_experts
-    return memory.param_count(config) + config.n_layer * ((E - 1) * (8 * h * h + 5 * h) + h * E)
 
 
 # ----------------------------------------------------------------------------- the routing rule
@@ -147,10 +138,10 @@ class Experts(Module):
     rank holds some of them. Each is marked `allreduce = False` (DeepSpeed's mark): its gradient
     is not averaged with the replicated parameters'."""
 
-    def __init__(self, config: GPTConfig, ids, seed: int = 0):
+    def __init__(self, config: GPTConfig, ids, seed: int = 0, make_mlp=MLP):
         self.ids = list(ids)
         for e in self.ids:
-            mlp = MLP(config, seed=[seed, e])  # one dropout stream per expert
+            mlp = make_mlp(config, seed=[seed, e])  # one dropout stream per expert
             for p in mlp.parameters():
                 p.allreduce = False
             setattr(self, str(e), mlp)
@@ -174,7 +165,8 @@ class MoELayer(Module):
     def __init__(self, config: MoEConfig, seed: int = 0, expert_ids=None):
         self.config = config
         self.router = Linear(config.n_embd, config.num_experts, bias=False)  # Switch: no bias
-        self.experts = Experts(config, range(config.num_experts) if expert_ids is None else expert_ids, seed)
+        self.experts = Experts(config, range(config.num_experts) if expert_ids is None else expert_ids, seed,
+                               self.expert_mlp)
         self.aux_loss, self.stats, self.routing = None, None, None
 
     def forward(self, x):
@@ -202,6 +194,10 @@ class MoELayer(Module):
                       "capacity": routing.capacity, "aux_loss": self.aux_loss.item()}
         self.routing = routing
         return y.reshape(b, t, c)
+
+    def expert_mlp(self, config: GPTConfig, seed) -> Module:
+        """One expert: the dense block's MLP (a tensor-parallel mesh splits it over its tp ranks)."""
+        return MLP(config, seed=seed)
 
     def route(self, probs: np.ndarray) -> Routing:
         """Top-k choices, their places in the queues of the whole batch, and which fit."""
@@ -263,6 +259,14 @@ class MoEGPT(GPT):
                 "capacity": layers[0]["capacity"], "aux_loss": sum(s["aux_loss"] for s in layers)}
 
 
+def merge_moe_stats(stats: list[dict]) -> dict:
+    """One step's stats from its micro-batches': counts added up, the balance loss averaged (the
+    step's loss is the micro-batches' mean), the capacity of one micro-batch."""
+    return {"tokens_per_expert": np.sum([s["tokens_per_expert"] for s in stats], axis=0).tolist(),
+            "dropped_per_expert": np.sum([s["dropped_per_expert"] for s in stats], axis=0).tolist(),
+            "capacity": stats[-1]["capacity"], "aux_loss": sum(s["aux_loss"] for s in stats) / len(stats)}
+
+
 def moe_report(config: MoEConfig, history: list[dict]) -> dict:
     """The demo's `moe` key, one entry per step (one row per layer inside): tokens_per_expert,
     the choices routed to each expert (k per token, before dropping); dropped_per_expert, those
@@ -274,26 +278,3 @@ def moe_report(config: MoEConfig, history: list[dict]) -> dict:
                     "dropped_per_expert": [h["dropped_per_expert"] for h in history],
                     "dropped_tokens": [int(np.sum(h["dropped_per_expert"])) for h in history],
                     "aux_loss": [h["aux_loss"] for h in history]}}
-
-
-class MoETrainer(SerialTrainer):
-    """SerialTrainer's step on the MoE GPT: the reference run of expert parallelism (in fp32,
-    float64, or 16 bits: the router's softmax runs in fp32, as autocast's policy says)."""
-
-    name = "moe"
-
-    def __init__(self, config: MoEConfig, settings: OptimSettings, task, batch_size: int, seed: int = 0,
-                 precision: str = "fp32"):
-        self.config, self.history = config, []
-        super().__init__(config, settings, task, batch_size, seed, precision)
-
-    def build_model(self, config: MoEConfig, seed: int):
-        return MoEGPT(config, seed=seed)
-
-    def step(self, step: int):
-        result = super().step(step)
-        self.history.append(self.model.moe_stats())
-        return result
-
-    def report(self) -> dict:
-        return moe_report(self.config, self.history)

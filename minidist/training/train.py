@@ -14,13 +14,14 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from minidist import memory
+from minidist.plan import memory
 from minidist.core.data import accuracy
 from minidist.precision.loss_scale import DynamicLossScaler
 from minidist.precision.mixed_precision import MixedPrecisionAdamW, Precision
 from minidist.core.model import GPT, GPTConfig
+from minidist.core.moe import MoEConfig, MoEGPT, merge_moe_stats, moe_report
 from minidist.core.optim import AdamW, lr_at, weight_decay_groups
-from minidist.reshard import Piece, box_of, checked, cut, global_shape, whole
+from minidist.training.reshard import Piece, box_of, checked, cut, global_shape, whole
 from minidist.core.tensor import graph_bytes
 
 
@@ -66,7 +67,7 @@ class Trainer(Protocol):
     beyond that (a pipeline's bubble, a balanced split), keyed as in the demo's --json; and
     `model` the whole model when this rank holds it (to sample from), else None.
 
-    Checkpoints (minidist/reshard.py): `global_state()` is *this rank's pieces* of the serial
+    Checkpoints (minidist/training/reshard.py): `global_state()` is *this rank's pieces* of the serial
     run's training state, {global name: `Piece`} (its weights, AdamW moments and masters where its
     shard sits in the serial arrays, the step count, the loss scale; and, `local`, every random
     generator it holds: dropout masks repeat), no messages; `load_global_state(read)` takes it back
@@ -115,7 +116,7 @@ class SerialTrainer(Trainer):
         self.activation_bytes = 0
 
     def build_model(self, config: GPTConfig, seed: int):
-        """The model trained (the mixture-of-experts trainer builds its own, moe.py)."""
+        """The model trained (the mixture-of-experts trainer builds its own, core/moe.py)."""
         return GPT(config, seed=seed)
 
     def step(self, step: int):
@@ -155,7 +156,7 @@ class SerialTrainer(Trainer):
 
 
 def training_state(module, optimizer, scaler=None, tp_rank: int = 0, copies=()) -> dict[str, Piece]:
-    """Everything a step changes, as pieces of the serial run's arrays (minidist/reshard.py):
+    """Everything a step changes, as pieces of the serial run's arrays (minidist/training/reshard.py):
     `param.<name>`, `exp_avg.<name>` and `exp_avg_sq.<name>` (zeros before a parameter's first
     update, as AdamW starts them), `master.<name>` (the fp32 weight of a 16-bit one, chapter 10),
     `step`, the loss scaler's `scaler.<key>`, and every generator as a local `rng.<module>.<attribute>`.
@@ -234,3 +235,48 @@ def load_generator_states(module, read) -> None:
         state = read.local(key)
         if state is not None:
             g.bit_generator.state = json.loads(bytes(state).decode())
+
+
+class MoETrainer(SerialTrainer):
+    """SerialTrainer's step on the MoE GPT: the reference run of expert parallelism (in fp32,
+    float64, or 16 bits: the router's softmax runs in fp32, as autocast's policy says).
+
+    With `microbatches=m` the step is m forward/backward passes over consecutive rows of the
+    batch, each routed on its own: capacity, dropped tokens and the balance loss follow the
+    micro-batch, not the batch. This is the reference of a pipeline (or accumulation) of MoE
+    layers, which routes each micro-batch as it passes (chapter 11)."""
+
+    name = "moe"
+
+    def __init__(self, config: MoEConfig, settings: OptimSettings, task, batch_size: int, seed: int = 0,
+                 precision: str = "fp32", microbatches: int = 1):
+        if batch_size % microbatches:
+            raise ValueError(f"MoETrainer: global batch {batch_size} does not split into {microbatches} micro-batches")
+        self.config, self.history, self.microbatches = config, [], microbatches
+        super().__init__(config, settings, task, batch_size, seed, precision)
+
+    def build_model(self, config: MoEConfig, seed: int):
+        return MoEGPT(config, seed=seed)
+
+    def step(self, step: int):
+        if self.microbatches == 1:
+            result = super().step(step)
+            self.history.append(self.model.moe_stats())
+            return result
+        m = self.microbatches
+        x, y = self.task.get_batch(step, self.batch_size)
+        self.optimizer.zero_grad()
+        losses, accuracies, stats = [], [], []
+        for xs, ys in zip(np.split(x, m), np.split(y, m)):
+            with self.amp.autocast():
+                logits, loss = self.model(xs, ys)
+            self.amp.scale(loss * (1.0 / m)).backward()  # the mean over micro-batches, summed as it goes
+            losses.append(loss.item())
+            accuracies.append(accuracy(np.asarray(logits.data, dtype=np.float32), ys))
+            stats.append(self.model.moe_stats())
+        self.amp.step(self.optimizer, step)
+        self.history.append(merge_moe_stats(stats))
+        return sum(losses) / m, sum(accuracies) / m
+
+    def report(self) -> dict:
+        return moe_report(self.config, self.history)
