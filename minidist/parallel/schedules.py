@@ -33,6 +33,8 @@ shows it. Megatron-LM avoids it the same way, by posting send and receive togeth
 """
 from __future__ import annotations
 
+import functools
+
 from typing import Iterator, NamedTuple
 
 # instruction kinds
@@ -195,6 +197,7 @@ def make_schedule(name: str, rank: int, stages: int, microbatches: int, virtual_
     return list(SCHEDULES[name](rank, stages, microbatches))
 
 
+@functools.lru_cache(maxsize=256)
 def all_ranks(name: str, stages: int, microbatches: int, virtual_stages: int = 1) -> list[list[Instruction]]:
     return [make_schedule(name, r, stages, microbatches, virtual_stages) for r in range(stages)]
 
@@ -273,9 +276,11 @@ def check(schedules: list[list[Instruction]]) -> None:
 # ----------------------------------------------------------------------------- ideal timings
 
 
-def simulate(schedules: list[list[Instruction]], forward: float = 1.0, backward: float = 2.0,
+def simulate(schedules: list[list[Instruction]], forward=1.0, backward=2.0,
              blocking_sends: bool = False) -> list[list[tuple]]:
     """Run the lists with ideal timings: forward and backward take fixed times, messages are free.
+    `forward` and `backward` are seconds, or functions of (rank, chunk) giving each stage its own
+    (the planner's predicted costs, chapter 9: unequal stages show as bubble).
 
     Returns per-rank events (name, kind, start, end) like `minidist.timeline.Timeline`, so the
     ideal schedule draws with `plot_gantt` beside a real run. Waiting for a message shows as a
@@ -303,6 +308,8 @@ def simulate(schedules: list[list[Instruction]], forward: float = 1.0, backward:
             while (ins := next_of(r)) is not None:
                 if ins.kind in (FORWARD, BACKWARD):
                     duration = forward if ins.kind == FORWARD else backward
+                    if callable(duration):
+                        duration = duration(r, ins.chunk)
                     name = f"{ins.kind} {ins.micro}" + (f".{ins.chunk}" if ins.chunk else "")  # as the engine's
                     events[r].append((name, ins.kind, clock[r], clock[r] + duration))
                     clock[r] += duration

@@ -33,7 +33,9 @@ other extreme).
 """
 from __future__ import annotations
 
+import functools
 import json
+import math
 import sys
 from dataclasses import asdict
 
@@ -43,6 +45,7 @@ from minidist import cli
 from minidist.plan.memory import format_bytes
 from minidist.core.model import GPTConfig
 from minidist.training.layout import Layout
+from minidist.plan.hardware import PRESETS as PRESET_DEVICES, device_table, load_device
 from minidist.plan.predict import STATE_BYTES, Cluster, Workload, predict
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
@@ -56,8 +59,29 @@ PRESETS = {
 }
 
 
+@functools.lru_cache(maxsize=4096)
 def divisors(n: int) -> list[int]:
-    return [k for k in range(1, n + 1) if n % k == 0]
+    """The divisors of n, in order: pairs (k, n/k) up to √n, so 10¹² takes a million steps, not 10¹²."""
+    small, large, k = [], [], 1
+    while k * k <= n:
+        if n % k == 0:
+            small.append(k)
+            if k * k != n:
+                large.append(n // k)
+        k += 1
+    return small + large[::-1]
+
+
+def factorisations(config, world: int, global_batch: int) -> list[tuple[int, int, int]]:
+    """(d, t, p) with d·t·p = world that can be valid: t divides the heads (tensor parallelism splits
+    them), p <= the layers, d divides the global batch. Bounded by the model, not by the world: a
+    billion devices are answered at once."""
+    shapes = []
+    for t in divisors(math.gcd(world, config.n_head)):
+        for p in range(1, min(config.n_layer, world // t) + 1):
+            if (world // t) % p == 0 and global_batch % (world // (t * p)) == 0:
+                shapes.append((world // (t * p), t, p))
+    return shapes
 
 
 def why_invalid(config, world: int, layout: Layout, global_batch: int, pad_vocab: bool = False) -> str | None:
@@ -71,34 +95,39 @@ def candidate_layouts(config, world: int, global_batch: int, zero_stages=(0, 1, 
     """Every valid layout: each factorisation d·t·p = world, ZeRO stage, divisor m of the
     replica's batch, schedule and v (filtered by `why_invalid`)."""
     layouts = []
-    for t in divisors(world):
-        for p in divisors(world // t):
-            d = world // (t * p)
-            if global_batch % d:
-                continue
-            for zero in zero_stages:
-                for m in divisors(global_batch // d):
-                    options = [(None, 1)] if p == 1 else \
-                        [(s, 1) for s in schedules if s != "interleaved"] + \
-                        [("interleaved", v) for v in range(2, config.n_layer // p + 1) if "interleaved" in schedules]
-                    for schedule, v in options:
-                        layout = Layout(dp=d, tp=t, pp=p, zero=zero, microbatches=m, schedule=schedule,
-                                        virtual_stages=v)
-                        if layout.why_invalid(config, world, global_batch, pad_vocab) is None:
-                            layouts.append(layout)
+    for d, t, p in factorisations(config, world, global_batch):
+        for zero in zero_stages:
+            for m in divisors(global_batch // d):
+                options = [(None, 1)] if p == 1 else \
+                    [(s, 1) for s in schedules if s != "interleaved"] + \
+                    [("interleaved", v) for v in range(2, config.n_layer // p + 1) if "interleaved" in schedules]
+                for schedule, v in options:
+                    layout = Layout(dp=d, tp=t, pp=p, zero=zero, microbatches=m, schedule=schedule,
+                                    virtual_stages=v)
+                    if layout.why_invalid(config, world, global_batch, pad_vocab) is None:
+                        layouts.append(layout)
     return layouts
 
 
 def plan(workload: Workload, cluster: Cluster, zero_stages=(0, 1, 2, 3), schedules=SCHEDULES,
-         progress: bool = False) -> list[dict]:
+         progress: bool = False, top: int = 10, within: float = 0.1) -> list[dict]:
     """Every valid layout with its prediction, best first: those that fit by step time, then
-    those that do not (also by step time), each with "fits" saying which."""
+    those that do not (also by step time), each with "fits" saying which.
+
+    Two passes keep it quick: every layout's pipeline is first estimated (`pipeline_estimate`),
+    then the schedule is simulated for the `top` best and for every layout within `within` of the
+    best estimate, the only ones that can finish first ("simulated" says which)."""
     layouts = candidate_layouts(workload.config, cluster.gpus, workload.global_batch, zero_stages, schedules,
                                 workload.pad_vocab)
-    rows = []
-    for layout in tqdm(layouts, desc="layouts", unit="layout", disable=not progress or len(layouts) < 2000,
-                       file=sys.stderr, dynamic_ncols=True):
-        rows.append({"name": str(layout), "layout": asdict(layout), **predict(workload, layout, cluster)})
+    rows = [{"name": str(layout), "layout": asdict(layout), **predict(workload, layout, cluster, simulate=False)}
+            for layout in layouts]
+    rows.sort(key=lambda r: (not r["fits"], r["step_seconds"]))
+    best = rows[0]["step_seconds"] if rows else 0.0
+    closer = [i for i, r in enumerate(rows) if i < top or (r["fits"] and r["step_seconds"] <= best * (1 + within))]
+    for i in tqdm(closer, desc="simulating", unit="layout", disable=not progress or len(closer) < 200,
+                  file=sys.stderr, dynamic_ncols=True):
+        rows[i] = {"name": rows[i]["name"], "layout": rows[i]["layout"],
+                   **predict(workload, Layout(**rows[i]["layout"]), cluster)}
     rows.sort(key=lambda r: (not r["fits"], r["step_seconds"], r["memory"]["peak"]))
     for rank, row in enumerate(rows, 1):
         row["rank"] = rank
@@ -119,15 +148,18 @@ def format_table(rows: list[dict], top: int, cluster: Cluster) -> str:
     shown = rows[:top]
     fitting = sum(r["fits"] for r in rows)
     unit, name = _unit(shown[0]["step_seconds"] if shown else 1.0)
-    lines = [f"{'#':>4}  {'layout':<40} {'b':>4} {'step ' + name:>9} {'compute':>8} {'bubble':>8} "
-             f"{'tp':>8} {'pp':>8} {'dp':>8}  {'memory/device':>13}  fits"]
+    lines = [f"{'#':>4}  {'layout':<36} {'b':>4} {'step ' + name:>9} {'compute':>8} {'bubble':>8} "
+             f"{'tp':>8} {'pp':>8} {'dp':>8} {'TFLOP/s':>8} {'MFU':>5}  {'memory/device':>13}  fits"]
     for r in shown:
         t = [_time(r[k], unit) for k in ("step_seconds", "compute", "bubble", "tp", "pp", "dp")]
         fits = "yes" if r["fits"] else f"no (> {format_bytes(cluster.memory)})"
-        lines.append(f"{r['rank']:>4}  {r['name']:<40} {r['micro_batch']:>4} {t[0]:>9} {t[1]:>8} {t[2]:>8} "
-                     f"{t[3]:>8} {t[4]:>8} {t[5]:>8}  {format_bytes(r['memory']['peak']):>13}  {fits}")
-    lines.append(f"(b: micro-batch; times in {name}: the step = compute + bubble + the exposed tp, pp and dp "
-                 "communication; memory: the heaviest stage's device)")
+        lines.append(f"{r['rank']:>4}  {r['name']:<36} {r['micro_batch']:>4} {t[0]:>9} {t[1]:>8} {t[2]:>8} "
+                     f"{t[3]:>8} {t[4]:>8} {t[5]:>8} {r['tflops_per_device']:>8.1f} {r['mfu']:>5.0%}  "
+                     f"{format_bytes(r['memory']['peak']):>13}  {fits}")
+    lines.append(f"(b: micro-batch; times in {name} on the busiest rank: the step = compute + bubble + the exposed "
+                 f"tp, pp and dp communication + the optimizer; TFLOP/s per device as Narayanan et al. count them "
+                 f"(with recomputation's forward), MFU the model's FLOPs over the peak, "
+                 f"{cluster.flops / 1e12:.0f} TFLOP/s; memory: the heaviest stage's device)")
     misfits = [r for r in rows if not r["fits"]]
     if misfits:
         least = min(misfits, key=lambda r: r["memory"]["peak"])
@@ -148,16 +180,23 @@ def build_parser():
     p.add_argument("--untied", action="store_true", help="a separate LM head instead of the tied embedding")
     p.add_argument("--pad-vocab", action="store_true", default=None,
                    help="pad the vocabulary to a multiple of 128 x tp as Megatron-LM does (gpt2 preset: on)")
-    p.add_argument("--gpus", type=positive, required=True, help="devices N")
-    p.add_argument("--gpus-per-node", type=positive, default=8)
-    p.add_argument("--memory", type=real, default=80.0, help="memory per device, GB")
-    p.add_argument("--intra-bw", type=real, default=300.0, help="bandwidth inside a node, GB/s per device")
-    p.add_argument("--intra-latency", type=cli.number(0), default=2.0, help="latency inside a node, us")
-    p.add_argument("--inter-bw", type=real, default=25.0, help="bandwidth between nodes, GB/s per device")
-    p.add_argument("--inter-latency", type=cli.number(0), default=5.0, help="latency between nodes, us")
-    p.add_argument("--tflops", type=real, default=150.0, help="achieved TFLOP/s of one device")
+    p.add_argument("--gpus", type=positive, help="devices N")
+    p.add_argument("--device", default="a100-80gb",
+                   help=f"a preset ({', '.join(PRESET_DEVICES)}), this-machine (measured), or a JSON file: "
+                        "the device's peak FLOP/s, memory and links (python -m minidist.plan --list-devices)")
+    p.add_argument("--list-devices", action="store_true", help="print the device presets and exit")
+    p.add_argument("--gpus-per-node", type=positive, help="(default: the device's)")
+    p.add_argument("--memory", type=real, help="memory per device, GB (default: the device's)")
+    p.add_argument("--intra-bw", type=real, help="bandwidth inside a node, GB/s per device (default: the device's)")
+    p.add_argument("--intra-latency", type=cli.number(0), help="latency inside a node, us")
+    p.add_argument("--inter-bw", type=real, help="bandwidth between nodes, GB/s per device (default: the device's)")
+    p.add_argument("--inter-latency", type=cli.number(0), help="latency between nodes, us")
+    p.add_argument("--tflops", type=real, help="peak TFLOP/s of one device's matrix units in the run's precision "
+                                               "(default: the device's data sheet); the achieved speed is predicted")
     p.add_argument("--layer-overhead", type=cli.number(0), default=0.0,
-                   help="fixed us per layer and micro-batch that no split shrinks (kernel launches)")
+                   help="fixed us per layer and micro-batch that no split shrinks (Python's cost, in minidist)")
+    p.add_argument("--layout", metavar="NAME", help="predict this one layout (e.g. dp4-tp8-pp12-m96) and its rank")
+    p.add_argument("--explain", metavar="NAME", help="this layout's breakdown, and why it lost to the best")
     p.add_argument("--global-batch", type=positive, help="sequences per step (default: the preset's)")
     p.add_argument("--precision", choices=sorted(STATE_BYTES),
                    help="fp32: 4+4+8 bytes per parameter (as minidist runs); mixed: 2+2+12 (default: the preset's)")
@@ -190,33 +229,81 @@ def setup(args) -> tuple[Workload, Cluster]:
     workload = Workload(config, args.global_batch or batch, config.block_size, precision, activations,
                         args.recompute, args.sequence_parallel, not args.no_overlap,
                         pad if args.pad_vocab is None else args.pad_vocab)
-    cluster = Cluster(args.gpus, args.gpus_per_node, args.memory * 1e9, args.intra_bw * 1e9, args.intra_latency * 1e-6,
-                      args.inter_bw * 1e9, args.inter_latency * 1e-6, args.tflops * 1e12, args.layer_overhead * 1e-6)
+    device = load_device(args.device)
+    changes = {field: getattr(args, flag) * scale for flag, field, scale in (
+        ("gpus_per_node", "gpus_per_node", 1), ("memory", "memory", 1e9), ("intra_bw", "intra_bandwidth", 1e9),
+        ("intra_latency", "intra_latency", 1e-6), ("inter_bw", "inter_bandwidth", 1e9),
+        ("inter_latency", "inter_latency", 1e-6), ("tflops", "flops", 1e12)) if getattr(args, flag) is not None}
+    cluster = Cluster.of(device, args.gpus, precision, layer_overhead=args.layer_overhead * 1e-6, **changes)
     return workload, cluster
 
 
 def no_layout_reason(workload: Workload, world: int, zero_stages, schedules) -> str:
-    """Why no layout is valid: the verdict on each factorisation d·t·p (m = 1, the first ZeRO stage
-    and schedule asked for)."""
-    reasons = []
-    for t in divisors(world):
-        for p in divisors(world // t):
-            layout = Layout(dp=world // (t * p), tp=t, pp=p, zero=min(zero_stages),
-                            schedule=None if p == 1 else schedules[0],
-                            virtual_stages=2 if p > 1 and schedules[0] == "interleaved" else 1)
-            reasons.append(layout.why_invalid(workload.config, world, workload.global_batch, workload.pad_vocab))
+    """Why no layout is valid: the verdict on each factorisation d·t·p that can be (m = 1, the first
+    ZeRO stage and schedule asked for), or what rules them all out."""
+    c, reasons = workload.config, []
+    for d, t, p in factorisations(c, world, workload.global_batch):
+        layout = Layout(dp=d, tp=t, pp=p, zero=min(zero_stages), schedule=None if p == 1 else schedules[0],
+                        virtual_stages=2 if p > 1 and schedules[0] == "interleaved" else 1)
+        reasons.append(layout.why_invalid(c, world, workload.global_batch, workload.pad_vocab))
+    if not reasons:
+        most = c.n_head * c.n_layer * workload.global_batch
+        return (f"d·t·p = {world} needs t dividing the {c.n_head} heads, p <= {c.n_layer} layers and d dividing the "
+                f"global batch {workload.global_batch}: no such d, t, p (at most {most} devices can share this "
+                "model and batch)")
     return "; ".join(dict.fromkeys(r for r in reasons if r)) or "none of the micro-batch counts fits"
+
+
+def explain(rows: list[dict], name: str, cluster: Cluster) -> str:
+    """One layout's breakdown beside the best's, and where the difference lies."""
+    by_name = {r["name"]: r for r in rows}
+    if name not in by_name:
+        raise ValueError(f"--explain {name}: not a valid layout of this model on {cluster.gpus} devices "
+                         f"(python -m minidist.plan --layout {name} says why)")
+    mine, best = by_name[name], rows[0]
+    keys = ("compute", "tp", "pp", "bubble", "dp", "optimizer", "step_seconds")
+    unit, u = _unit(best["step_seconds"])
+    lines = [f"{'':<12}{name:>24}{best['name'] + ' (best)':>32}"]
+    for key in keys:
+        lines.append(f"{key:<12}{_time(mine[key], unit) + ' ' + u:>24}{_time(best[key], unit) + ' ' + u:>32}")
+    lines.append(f"{'TFLOP/s':<12}{mine['tflops_per_device']:>24.1f}{best['tflops_per_device']:>32.1f}")
+    lines.append(f"{'memory':<12}{format_bytes(mine['memory']['peak']):>24}{format_bytes(best['memory']['peak']):>32}")
+    if mine is best:
+        lines.append(f"{name} is the best layout.")
+        return "\n".join(lines)
+    if not mine["fits"]:
+        lines.append(f"{name} does not fit: it needs {format_bytes(mine['memory']['peak'])} of "
+                     f"{format_bytes(cluster.memory)} per device.")
+    worse = sorted(((mine[k] - best[k], k) for k in keys[:-1]), reverse=True)
+    slower = mine["step_seconds"] / best["step_seconds"] - 1
+    lines.append(f"{name} is rank {mine['rank']}, {slower:.1%} slower than {best['name']}: mostly "
+                 + ", ".join(f"{k} (+{_time(diff, unit)} {u})" for diff, k in worse[:2] if diff > 0))
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.list_devices:
+        print(device_table())
+        return 0
+    if args.gpus is None:
+        parser.error("--gpus N is required (the devices to plan for)")
     try:
         workload, cluster = setup(args)
+        asked = [Layout.parse(name) for name in (args.layout, args.explain) if name]
+        for layout in asked:
+            layout.validate(workload.config, cluster.gpus, workload.global_batch, workload.pad_vocab)
     except ValueError as error:
         parser.error(str(error))
     zero_stages, schedules = tuple(dict.fromkeys(args.zero)), tuple(dict.fromkeys(args.schedules))
-    rows = plan(workload, cluster, zero_stages, schedules, progress=True)
+    for layout in asked:  # the asked layout is ranked among the rest, whatever --zero and --schedules say
+        zero_stages = tuple(dict.fromkeys(zero_stages + (layout.zero,)))
+        schedules = tuple(dict.fromkeys(schedules + ((layout.schedule,) if layout.schedule else ())))
+    rows = plan(workload, cluster, zero_stages, schedules, progress=True, top=args.top)
+    for layout in asked:  # simulated, whatever its estimate
+        i = next(i for i, r in enumerate(rows) if r["name"] == str(layout))
+        rows[i] = {**rows[i], **predict(workload, layout, cluster)}
     if not rows:
         why = no_layout_reason(workload, cluster.gpus, zero_stages, schedules)
         parser.error(f"--gpus {cluster.gpus}: no valid layout of {cluster.gpus} devices: {why}")
@@ -228,7 +315,15 @@ def main(argv=None) -> int:
           f"global batch {workload.global_batch}, {workload.precision}, activations: {workload.activations}{how}; "
           f"{cluster.gpus} devices ({nodes} node{'s' * (nodes > 1)} of {cluster.gpus_per_node}, "
           f"{format_bytes(cluster.memory)} each): {len(rows)} valid layout{'s' * (len(rows) != 1)}")
-    print(format_table(rows, args.top, cluster))
+    if args.layout:
+        row = next(r for r in rows if r["name"] == str(Layout.parse(args.layout)))
+        print(format_table([row], 1, cluster))
+        print(f"{row['name']}: rank {row['rank']} of {len(rows)}; the best, {rows[0]['name']}, takes "
+              f"{rows[0]['step_seconds'] / row['step_seconds']:.1%} of its time")
+    elif args.explain:
+        print(explain(rows, str(Layout.parse(args.explain)), cluster))
+    else:
+        print(format_table(rows, args.top, cluster))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": c.to_dict(), "workload": {k: v for k, v in asdict(workload).items() if k != "config"},

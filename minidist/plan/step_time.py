@@ -1,0 +1,260 @@
+"""Step time of one layout, predicted from the work it does (chapter 9).
+
+The planner's memory is arithmetic (`predict.py`); its time is the same kind of arithmetic, done
+at the level where time is actually spent:
+
+* **Matrix multiplies** (GEMMs) run at a rate that depends on their size. A GEMM of W FLOPs costs
+  (W + W½) / (e · peak): a fixed start (W½ / (e · peak): launching, filling the tiles, the tail
+  wave) plus its FLOPs at the best fraction e of the device's peak — the alpha-beta model of
+  chapter 7, applied to compute (`GemmCurve`). Big GEMMs approach e·peak; a larger tp or a smaller
+  micro-batch makes them smaller and slower per FLOP. The roofline caps it: a GEMM never beats
+  moving its operands at the memory's bandwidth.
+* **Element-wise work** (LayerNorm, softmax, GeLU, dropout, residual adds) moves bytes and does
+  almost no arithmetic: it runs at memory bandwidth. Each activation a layer stores for backward
+  (Korthikanti et al. 2022's count, `predict.layer_activation_bytes`) is written once and read
+  once forward, twice as much backward.
+* **Tensor-parallel all-reduces** sit on the critical path (the next GEMM needs their result):
+  two per layer forward, two backward, two more when recomputation repeats the forward.
+* **The pipeline**: each stage's forward and backward per micro-batch are the sums above for its
+  layers (the first adds the embedding, the last the head and the loss), each boundary sends one
+  activation per micro-batch, and the step is the makespan of *simulating the schedule*
+  (`schedules.simulate`) with those costs, so unequal stages show as bubble.
+* **Data parallelism** overlaps what can overlap: stage 0's bucketed all-reduce runs during the
+  last micro-batch's backward, except its last bucket; ZeRO-1 reduce-scatters after backward and
+  all-gathers after the step; ZeRO-2 reduce-scatters during each micro-batch's backward; ZeRO-3
+  gathers each layer's weights one layer ahead, so each gather hides behind one layer's compute
+  and shows when that compute is shorter. `overlap=False` (Megatron-LM 2021) sends after backward.
+* **The optimizer**: AdamW reads and writes every parameter's states once: memory bandwidth.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from minidist.comm import cost
+from minidist.parallel import schedules as S
+from minidist.plan.stage_memory import layer_activation_bytes
+from minidist.plan.workload import ACTIVATION_BYTES, STATE_BYTES, Cluster, Workload, chunk_layers, padded_vocab
+from minidist.training.layout import Layout
+
+
+def flops_per_step(w: Workload, recompute: bool | None = None) -> float:
+    """FLOPs of one training step (forward and backward) of the whole model on the global batch.
+
+    Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU Clusters Using
+    Megatron-LM", eq. 3): 96·B·s·L·h²·(1 + s/(6h) + V/(16·L·h)) with full activation recomputation:
+    each layer's 24·B·s·h² + 4·B·s²·h four times (forward, backward twice, the forward again), the
+    head's 2·B·s·h·V three times. Without recomputation the layers run three times (72·B·s·L·h²...).
+    `recompute` (default: the workload's) chooses; MFU counts the model's FLOPs, without it."""
+    c, B, s = w.config, w.global_batch, w.seq
+    passes = 4 if (w.recompute if recompute is None else recompute) else 3
+    return passes * (24 * B * s * c.n_layer * c.n_embd ** 2 + 4 * B * s * s * c.n_layer * c.n_embd) + \
+        6 * B * s * c.n_embd * c.vocab_size
+
+
+@functools.lru_cache(maxsize=4096)
+def group_span(axis: str, dp: int, tp: int, pp: int, gpus_per_node: int) -> tuple[int, int, int]:
+    """(size, ranks per node, nodes) of the most spread group along `axis` ("tp", "dp", "pp" or
+    "embedding": the first and last stage) of the pp x dp x tp mesh, ranks numbered node by node.
+    Members are `stride` ranks apart — tp 1, dp t, pp d·t (`mesh.layout`) — so a tp group spans
+    nodes only when t > gpus_per_node, a dp group when t·d does. All groups of an axis work at
+    once, and the step waits for the slowest: the one over most nodes counts."""
+    world = dp * tp * pp
+    size, stride, starts = {
+        "tp": (tp, 1, range(0, world, tp)),
+        "dp": (dp, tp, [s * dp * tp + r for s in range(pp) for r in range(tp)]),
+        "pp": (pp, dp * tp, range(dp * tp)),
+        "embedding": (min(pp, 2), (pp - 1) * dp * tp, range(dp * tp)),
+    }[axis]
+    nodes = max(len({(first + k * stride) // gpus_per_node for k in range(size)}) for first in starts)
+    return size, -(-size // nodes), nodes
+
+
+def all_reduce_seconds(nbytes: float, axis: str, layout: Layout, cluster: Cluster) -> float:
+    """One all-reduce of `nbytes` in each group along `axis`: the ring's 2(n-1)α + 2(n-1)/n·S·β
+    inside a node (`cost.predict`); across nodes the better of the flat ring and the hierarchical
+    all-reduce of the two-level model (`cost.predict_two_level`)."""
+    size, per_node, nodes = group_span(axis, layout.dp, layout.tp, layout.pp, cluster.gpus_per_node)
+    if size == 1 or nbytes == 0:
+        return 0.0
+    if nodes == 1:
+        return cost.predict("all_reduce", "ring", size, nbytes, *cluster.link(True))
+    inside, between = cluster.link(True), cluster.link(False)
+    return min(cost.predict_two_level(algorithm, per_node, nodes, nbytes, *inside, *between)
+               for algorithm in ("ring", "hierarchical"))
+
+
+def half_seconds(nbytes: float, axis: str, layout: Layout, cluster: Cluster) -> float:
+    """A reduce-scatter or an all-gather: half an all-reduce (the ring's two halves, chapter 7)."""
+    return all_reduce_seconds(nbytes, axis, layout, cluster) / 2
+
+
+def tp_calls(w: Workload, layout: Layout) -> int:
+    """Activation all-reduces of the busiest (first) stage per step: 4 per layer and micro-batch
+    (g after attention and MLP forward, f before them backward; Megatron-LM section 3.2), 2 more
+    per layer when recomputation repeats the forward, plus the embedding's g (and, with p = 1, the
+    head's f): `cost.tensor_parallel_traffic_per_step` counts 4L + 2. Sequence parallelism turns
+    each into a reduce-scatter and an all-gather: the same bytes."""
+    if layout.tp == 1:
+        return 0
+    layers = sum(e - s for s, e in chunk_layers(w.config.n_layer, layout.pp, 0, layout.virtual_stages))
+    per_layer = 6 if w.recompute else 4
+    return layout.microbatches * (per_layer * layers + 1 + (layout.pp == 1))
+
+
+def pp_messages(p: int, m: int, v: int = 1) -> int:
+    """Activations and gradients the busiest rank of a pipeline sends per step: a middle stage
+    sends each micro-batch's activation on and its gradient back (2·v·m); with p = 2 the first
+    rank sends no gradient of its first chunk, the last no activation of its last: (2v - 1)·m."""
+    return 0 if p == 1 else (2 * v if p > 2 else 2 * v - 1) * m
+
+
+def layer_gemms(b: int, s: int, h: int, a: int, t: int) -> list[tuple[int, int, int, int]]:
+    """(count, M, N, K) of one transformer layer's forward GEMMs on one of t tensor-parallel ranks,
+    for b sequences of s tokens: q/k/v, the scores and the weighted values per head, the
+    projection, the MLP's two. 2·count·M·N·K adds up to (24·b·s·h² + 4·b·s²·h) / t."""
+    n, heads = b * s, b * (a // t)
+    return [(1, n, 3 * h // t, h), (heads, s, s, h // a), (heads, s, h // a, s), (1, n, h, h // t),
+            (1, n, 4 * h // t, h), (1, n, h, 4 * h // t)]
+
+
+def gemms_seconds(gemms, cluster, itemsize: int) -> tuple[float, float]:
+    """(seconds, FLOPs) of a list of (count, M, N, K) GEMMs on one device. A count above one is
+    one batched GEMM (every head's at once, as cuBLAS's strided batched GEMM runs them): one start."""
+    seconds = flops = 0.0
+    for count, m, n, k in gemms:
+        f = 2.0 * m * n * k * count
+        seconds += cluster.gemm.seconds(f, count * itemsize * (m * k + k * n + m * n), cluster.flops,
+                                        cluster.memory_bandwidth)
+        flops += f
+    return seconds, flops
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """One pipeline chunk's cost per micro-batch (s): forward and backward, each split into
+    matrix work, element-wise work and tensor-parallel all-reduces, plus its one message out."""
+    gemm: float         # the forward's GEMMs (backward: twice)
+    elementwise: float  # the forward's element-wise work (backward: twice)
+    tp: float           # all four all-reduces, two forward and two backward
+    recompute: bool     # backward first runs the forward again
+    message: float = 0.0
+
+    @property
+    def forward(self) -> float:
+        return self.gemm + self.elementwise + self.tp / 2 + self.message
+
+    @property
+    def backward(self) -> float:
+        again = (self.gemm + self.elementwise + self.tp / 2) if self.recompute else 0.0
+        return 2 * (self.gemm + self.elementwise) + self.tp / 2 + again + self.message
+
+    def parts(self) -> dict:
+        """Forward plus backward by kind: compute, tp, pp (the messages) and their total."""
+        runs = 3 + self.recompute  # forward, backward (2), the recomputed forward
+        return {"compute": runs * (self.gemm + self.elementwise), "tp": self.tp * (1 + self.recompute / 2),
+                "pp": 2 * self.message, "total": self.forward + self.backward}
+
+
+@functools.lru_cache(maxsize=65536)
+def pipeline_seconds(costs: tuple, schedule: str, p: int, m: int, v: int) -> float:
+    """Makespan of `schedule` with each rank's chunks costing `costs[rank][chunk]` (StageCost),
+    simulated (`schedules.simulate`). Once every stage is busy, each further micro-batch (GPipe,
+    1F1B) or group of p (interleaved) adds the same time, so a long pipeline is simulated for its
+    fill and a period or two and extended linearly (exact for GPipe and 1F1B; interleaved with
+    unequal chunks settles more slowly: within 1 % after 4p, tests/test_plan_time.py)."""
+    def makespan(micro: int) -> float:
+        plans = S.all_ranks(schedule, p, micro, v)
+        events = S.simulate(plans, forward=lambda r, c: costs[r][c].forward, backward=lambda r, c: costs[r][c].backward)
+        return max(e[3] for rank in events for e in rank)
+
+    period = p if schedule == "interleaved" else 1
+    small = 4 * p if schedule == "interleaved" else p  # past the fill, a whole number of periods
+    if m <= small + period:
+        return makespan(m)
+    first, second = makespan(small), makespan(small + period)
+    return second + (m - small - period) / period * (second - first)
+
+
+def pipeline_estimate(costs: tuple, p: int, m: int, v: int) -> float:
+    """The makespan without simulating: the busiest rank's m micro-batches, plus one pass of every
+    other stage's work to fill and drain (exact for equal stages: (m + p - 1)·W; interleaving
+    fills in chunk slots: (p - 1)/v of a stage each)."""
+    work = [sum(c.forward + c.backward for c in rank) for rank in costs]
+    return m * max(work) + (sum(work) - max(work)) / v
+
+
+def stage_costs(w, layout: Layout, cluster, b: int) -> tuple:
+    """(StageCost per chunk) per pipeline rank, for one micro-batch of b sequences."""
+    c, s, t, p, v = w.config, w.seq, layout.tp, layout.pp, layout.virtual_stages
+    h, a = c.n_embd, c.n_head
+    item = ACTIVATION_BYTES[w.precision]
+    vocab = padded_vocab(c.vocab_size, t) if w.pad_vocab else c.vocab_size
+    gemm, _ = gemms_seconds(layer_gemms(b, s, h, a, t), cluster, item)
+    # each stored activation written and read once forward (Korthikanti et al.'s bytes are 16-bit)
+    moved = 2 * layer_activation_bytes(w, b, t) * (item / 2 if w.activations == "megatron" else 1)
+    elementwise = moved / cluster.memory_bandwidth + cluster.layer_overhead / 3
+    calls = 2 if t > 1 else 0
+    tp = 2 * calls * all_reduce_seconds(b * s * h * item, "tp", layout, cluster)  # two forward, two backward
+    head_gemm, _ = gemms_seconds([(1, b * s, vocab // t, h)], cluster, item)
+    head_elementwise = 4 * b * s * vocab // t * 4 / cluster.memory_bandwidth  # fp32 logits: softmax, loss, grad
+    message = 0.0
+    if p > 1:
+        _, _, nodes = group_span("pp", layout.dp, t, p, cluster.gpus_per_node)
+        alpha, beta = cluster.link(nodes == 1)
+        message = alpha + b * s * h * item / (t if w.sequence_parallel else 1) * beta
+    per_rank = []
+    for rank in range(p):
+        chunks = []
+        for chunk, (start, end) in enumerate(chunk_layers(c.n_layer, p, rank, v)):
+            layers = end - start
+            last = chunk * p + rank == p * v - 1
+            chunks.append(StageCost(layers * gemm + last * head_gemm, layers * elementwise + last * head_elementwise,
+                                    layers * tp, w.recompute, message))
+        per_rank.append(tuple(chunks))
+    return tuple(per_rank)
+
+
+def optimizer_seconds(parameters: float, zero: int, dp: int, cluster) -> float:
+    """AdamW reads and writes weights, gradient, master and two moments: about 32 bytes a parameter
+    (16-bit weights), for the parameters this rank updates (ZeRO: its 1/d)."""
+    return 32 * parameters / (dp if zero else 1) / cluster.memory_bandwidth
+
+
+def data_parallel_seconds(w, layout: Layout, cluster: Cluster, params: float, last_backward: float,
+                          layer_compute: tuple[float, float], bucket_bytes: float = 25e6) -> tuple[float, float]:
+    """(exposed seconds, bytes sent per rank) of the data-parallel traffic (module docstring).
+
+    `params`: parameters of this rank's stage shard; `last_backward`: the last micro-batch's
+    backward on this stage (what a bucketed all-reduce hides behind); `layer_compute`: one layer's
+    (forward, backward) per micro-batch (what one ZeRO-3 gather hides behind). Communication that
+    hides is not free: the compute beside it loses `cluster.overlap_cost` of each hidden second."""
+    d, z, m = layout.dp, layout.zero, layout.microbatches
+    if d == 1:
+        return 0.0, 0.0
+    p_bytes, g_bytes, _ = STATE_BYTES[w.precision]
+    grads, weights = params * g_bytes, params * p_bytes
+    ring = (d - 1) / d
+    ar = all_reduce_seconds(grads, "dp", layout, cluster)
+    rs, ag = half_seconds(grads, "dp", layout, cluster), half_seconds(weights, "dp", layout, cluster)
+
+    def shown(busy: float, behind: float) -> float:  # `busy` s of traffic beside `behind` s of compute
+        exposed = max(0.0, busy - behind) if w.overlap else busy
+        return exposed + cluster.overlap_cost * (busy - exposed)
+
+    if z == 0:
+        last_bucket = ar * min(1.0, bucket_bytes / grads)  # ready only when backward ends
+        return max(shown(ar, last_backward), last_bucket), 2 * ring * grads
+    if z == 1:
+        return rs + ag, ring * (grads + weights)
+    if z == 2:
+        return m * shown(rs, last_backward) + ag, ring * (m * grads + weights)
+    # ZeRO-3 frees a layer's weights after each use: gathered for forward, again for backward, and
+    # with recomputation a third time for the forward that backward repeats (DeepSpeed's hooks);
+    # each gather runs one layer ahead, behind the compute of the layer before it
+    gathers = 3 if w.recompute else 2
+    layers = max(1, w.config.n_layer // layout.pp)
+    ag_layer, rs_layer = ag / layers, rs / layers
+    forward, backward = layer_compute
+    per_layer = shown(ag_layer, forward) + shown((gathers - 1) * ag_layer + rs_layer, backward)
+    return m * (layers * per_layer + 2 * ag_layer + rs_layer), m * ring * (gathers * weights + grads)

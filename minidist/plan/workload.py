@@ -1,0 +1,100 @@
+"""What a prediction is about: the cluster and the workload (chapter 9's planner).
+
+`Cluster`: the devices, their links and their speed (from `hardware.py`'s presets, or measured).
+`Workload`: the model, the batch and how it is trained. Both are frozen values, so predictions
+can be cached and compared.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, replace
+
+from minidist.parallel.pipeline_stage import chunk_layers as _chunk_layers
+from minidist.plan.memory import PRECISIONS
+
+ACTIVATION_BYTES = {"fp32": 4, "fp64": 8, "mixed": 2}  # bytes per activation element
+STATE_BYTES = {**PRECISIONS, "fp64": (8, 8, 16)}        # (params, grads, optimizer) bytes per parameter
+
+
+@dataclass(frozen=True)
+class GemmCurve:
+    """Achieved speed of a matrix multiply of W FLOPs: (W + W½) / (e · peak) seconds, a fixed start
+    plus the FLOPs at the best fraction e of the peak (chapter 7's alpha-beta model, for compute),
+    and never faster than moving its operands at memory bandwidth (the roofline)."""
+    peak_fraction: float = 0.75  # e: what large, well-shaped GEMMs reach of the data sheet's peak
+    half_flops: float = 4e9      # W½: a GEMM of this many FLOPs runs at e/2 of the peak
+
+    def seconds(self, flops: float, operand_bytes: float, peak: float, bandwidth: float) -> float:
+        return max((flops + self.half_flops) / (self.peak_fraction * peak), operand_bytes / bandwidth)
+
+    def efficiency(self, flops: float) -> float:
+        """The fraction of the peak a GEMM of `flops` FLOPs reaches (roofline aside)."""
+        return self.peak_fraction * flops / (flops + self.half_flops)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """N devices, `gpus_per_node` to a node; bandwidths in bytes/s, latencies in s, memory in bytes.
+    The defaults are A100 80 GB SXM nodes (`hardware.py`'s "a100-80gb"); `Cluster.of` builds one
+    from any device."""
+    gpus: int
+    gpus_per_node: int = 8
+    memory: float = 80e9
+    intra_bandwidth: float = 300e9  # NVLink, per direction, inside a node
+    intra_latency: float = 2e-6
+    inter_bandwidth: float = 25e9   # per device, between nodes (one 200 Gb/s NIC per GPU)
+    inter_latency: float = 5e-6
+    flops: float = 312e12           # peak FLOP/s of one device's matrix units in the run's precision
+    layer_overhead: float = 0.0     # s per layer and micro-batch (forward + backward) that no split shrinks:
+                                    # Python's per-operation cost in minidist, kernel launches on a GPU
+    memory_bandwidth: float = 2.0e12  # bytes/s of device memory: element-wise work and the optimizer
+    gemm: GemmCurve = GemmCurve()
+    overlap_cost: float = 0.3       # of each second a collective hides behind compute, what the compute
+                                    # loses (its kernels take SMs and memory bandwidth); fitted, chapter 9
+
+    @classmethod
+    def of(cls, device, gpus: int, precision: str = "mixed", **changes) -> "Cluster":
+        """The cluster of `gpus` devices like `device` (a `hardware.Device`), its peak for `precision`."""
+        fields = dict(gpus_per_node=device.gpus_per_node, memory=device.memory,
+                      intra_bandwidth=device.intra_bandwidth, intra_latency=device.intra_latency,
+                      inter_bandwidth=device.inter_bandwidth, inter_latency=device.inter_latency,
+                      flops=device.flops(precision), memory_bandwidth=device.memory_bandwidth)
+        return cls(gpus, **{**fields, **changes})
+
+    def link(self, inside: bool) -> tuple[float, float]:
+        """(alpha, beta) of a message inside a node or between nodes."""
+        return (self.intra_latency, 1 / self.intra_bandwidth) if inside else \
+            (self.inter_latency, 1 / self.inter_bandwidth)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What is trained: a GPTConfig, the global batch of sequences of length `seq`, and how."""
+    config: object                 # minidist.core.model.GPTConfig
+    global_batch: int
+    seq: int
+    precision: str = "mixed"       # "fp32" (4+4+8 bytes per parameter, as minidist runs), "fp64", "mixed" (2+2+12)
+    activations: str = "megatron"  # "minidist": this implementation's count; "megatron": Korthikanti et al.
+    recompute: bool = False        # full activation recomputation (keep each layer's input only)
+    sequence_parallel: bool = False
+    overlap: bool = True           # data-parallel communication hides behind backward where it can
+    pad_vocab: bool = False        # Megatron-LM pads V to a multiple of 128·t
+    flash_attention: bool = False  # attention without storing its s x s scores (Dao et al. 2022; after 2022)
+
+
+@functools.lru_cache(maxsize=4096)
+def chunk_layers(n_layer: int, pp: int, stage: int, virtual_stages: int = 1) -> tuple:
+    """`pipeline.chunk_layers`, remembered: the search asks for the same few partitions many times."""
+    return tuple(_chunk_layers(n_layer, pp, stage, virtual_stages))
+
+
+def padded_vocab(vocab: int, tp: int, multiple: int = 128) -> int:
+    """Megatron-LM's vocabulary padding (`--make-vocab-size-divisible-by 128`, times t): the
+    embedding gets dummy rows so that each tp rank holds an equal slice. 50257 -> 50304 (t = 1)."""
+    step = multiple * tp
+    return -(-vocab // step) * step
+
+
+def config_for(w: Workload, tp: int):
+    """The model as the tp ranks hold it: with pad_vocab, V padded as Megatron-LM pads it."""
+    return replace(w.config, vocab_size=padded_vocab(w.config.vocab_size, tp)) if w.pad_vocab else w.config

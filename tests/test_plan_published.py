@@ -1,0 +1,67 @@
+"""The planner against published training runs (minidist/plan/against_published.py; the runs and
+their sources in minidist/plan/published.py): Narayanan et al. 2021 ("Efficient Large-Scale
+Language Model Training on GPU Clusters Using Megatron-LM", SC21, arXiv:2104.04473) Tables 1 and 2,
+BLOOM-176B, Megatron-Turing NLG 530B and Llama 3 405B.
+
+What holds is asserted at the bounds it holds to; the chapter (chapter 9, "Checked against the
+outside") prints the whole table and explains the rows that miss."""
+import pytest
+
+from minidist.plan.against_published import compare
+from minidist.plan.published import NARAYANAN_TABLE_1, NARAYANAN_TABLE_2, OTHER_RUNS
+
+
+@pytest.mark.parametrize("run", NARAYANAN_TABLE_1, ids=lambda r: r.name.split(", ")[-1])
+def test_table_1_speed_is_predicted_within_15_percent(run):
+    c = compare(run, search=False)
+    assert c["fits"] and abs(c["error"]) <= 0.15, c
+
+
+@pytest.mark.full  # ten searches, about 20 s
+def test_table_1_the_planner_agrees_with_the_papers_layouts():
+    """Its best layout has the paper's tp in 6 of the 10 rows (1.7-7.5B and 310B-1T; for 18-146B it
+    prefers tp 2-4 with a deeper, interleaved pipeline) and it predicts the paper's own layout
+    within 10 % of its best in every row."""
+    results = [compare(run) for run in NARAYANAN_TABLE_1]
+    same_tp = [c["best_tp"] == run.tp for c, run in zip(results, NARAYANAN_TABLE_1)]
+    assert sum(same_tp) >= 6, [(c["name"], c["best"]) for c in results]
+    assert all(same_tp[i] for i in (0, 1, 2, 7, 8, 9))
+    assert all(c["slower_than_best"] is not None and c["slower_than_best"] <= 0.10 for c in results), results
+
+
+def table_2(kind: str, gpus: int, size: str):
+    return next(r for r in NARAYANAN_TABLE_2 if kind in r.name and f"{gpus} GPUs" in r.name and size in r.name)
+
+
+@pytest.mark.parametrize("size, gpus", [("175B", 384), ("175B", 768), ("175B", 1536), ("530B", 1120), ("530B", 2240)])
+def test_table_2_ptd_p_against_zero_3_keeps_the_papers_order_within_30_percent(size, gpus):
+    ptd, zero3 = table_2("PTD-P", gpus, size), table_2("ZeRO-3", gpus, size)
+    paper = ptd.tflops_per_gpu / zero3.tflops_per_gpu
+    predicted = compare(ptd, search=False)["predicted"] / compare(zero3, search=False)["predicted"]
+    assert predicted > 1 and abs(predicted / paper - 1) <= 0.30, (paper, predicted)
+
+
+@pytest.mark.parametrize("run", NARAYANAN_TABLE_2, ids=lambda r: r.name.split(", ", 1)[-1])
+def test_table_2_speed_is_predicted_within_20_percent(run):
+    assert abs(compare(run, search=False)["error"]) <= 0.20
+
+
+def test_zero_3_loses_at_scale_with_a_fixed_batch():
+    """175B, batch 1536: ZeRO-3's predicted speed halves each time the GPUs double (each rank's
+    share of the batch halves, its gathers do not), PTD-P's barely moves (the paper: 144, 88, 44
+    against 153, 149, 141)."""
+    zero3 = [compare(table_2("ZeRO-3", g, "175B"), search=False)["predicted"] for g in (384, 768, 1536)]
+    ptd = [compare(table_2("PTD-P", g, "175B"), search=False)["predicted"] for g in (384, 768, 1536)]
+    assert zero3[0] > 1.5 * zero3[1] > 2.25 * zero3[2] and ptd[0] > ptd[1] > ptd[2] > 0.85 * ptd[0]
+
+
+@pytest.mark.parametrize("run", [r for r in OTHER_RUNS if r.context_parallel == 1], ids=lambda r: r.name)
+def test_other_production_runs(run):
+    """BLOOM and Llama 3 (8192 GPUs) within 20 %; Megatron-Turing NLG measured 113-126 TFLOP/s where
+    the same layout in Narayanan et al.'s Table 2 ran 159-171, and the planner (the Megatron-LM
+    code path) predicts the latter: 28-34 % above MT-NLG; Llama 3 on 16384 GPUs within 30 %
+    (its FSDP overlaps what minidist's ZeRO-1 model leaves exposed)."""
+    c = compare(run, search=False)
+    bound = {"BLOOM": 0.20, "MT-NLG": 0.35, "Llama 3 405B, 8192": 0.20, "Llama 3 405B, 16384": 0.30}
+    limit = next(v for k, v in bound.items() if run.name.startswith(k))
+    assert abs(c["error"]) <= limit, c

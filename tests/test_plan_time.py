@@ -1,0 +1,140 @@
+"""The planner's step time (minidist/plan/step_time.py), term by term against the formulas by hand,
+and the pipeline's simulated makespan against chapter 5's schedules. Pure arithmetic, no MPI."""
+import math
+import random
+
+import pytest
+
+from minidist.comm import cost
+from minidist.core.model import GPTConfig
+from minidist.parallel import schedules as S
+from minidist.plan.predict import (Cluster, GemmCurve, Layout, Workload, flops_per_step, group_span, predict,
+                                   rank_units)
+from minidist.plan.step_time import (StageCost, data_parallel_seconds, gemms_seconds, layer_gemms, pipeline_estimate,
+                                     pipeline_seconds, stage_costs)
+
+CFG = GPTConfig(vocab_size=512, block_size=32, n_layer=8, n_head=8, n_embd=64)
+LINKS = dict(intra_bandwidth=1e10, intra_latency=1e-6, inter_bandwidth=1e9, inter_latency=1e-5, flops=1e12,
+             memory_bandwidth=1e11, gemm=GemmCurve(0.5, 1e6))
+
+
+def test_a_gemm_costs_a_start_plus_its_flops_and_never_beats_its_operands():
+    curve = GemmCurve(peak_fraction=0.8, half_flops=1e9)
+    assert curve.seconds(1e9, 0, 100e12, 1e12) == pytest.approx(2e9 / 80e12)  # half of e·peak at W½
+    assert curve.efficiency(1e9) == pytest.approx(0.4) and curve.efficiency(1e15) == pytest.approx(0.8, rel=1e-5)
+    assert curve.seconds(1e3, 8e9, 100e12, 1e12) == pytest.approx(8e-3)  # memory-bound: the roofline
+    cluster = Cluster(1, flops=100e12, memory_bandwidth=1e15, gemm=curve)
+    one, _ = gemms_seconds([(1, 64, 64, 64 * 96)], cluster, 2)
+    batched, flops = gemms_seconds([(96, 64, 64, 64)], cluster, 2)  # 96 heads at once: one start, not 96
+    assert flops == 2 * 96 * 64 ** 3 and batched == pytest.approx(one, rel=1e-3)
+
+
+@pytest.mark.parametrize("t", [1, 2, 4])
+def test_a_layers_gemms_are_narayanans_flops(t):
+    b, s, h, a = 2, 128, 256, 8
+    total = sum(2 * count * m * n * k for count, m, n, k in layer_gemms(b, s, h, a, t))
+    assert total == (24 * b * s * h * h + 4 * b * s * s * h) // t
+    w = Workload(GPTConfig(vocab_size=1000, block_size=s, n_layer=6, n_head=a, n_embd=h), 4, s, "mixed")
+    head = 2 * 4 * s * h * 1000
+    assert flops_per_step(w, recompute=False) == pytest.approx(3 * (6 * total * t * 2 + head))  # b = 4: twice
+
+
+def test_a_stage_costs_its_gemms_elementwise_work_and_all_reduces():
+    w = Workload(CFG, 16, 32, "fp32", "minidist", overlap=False)
+    cluster = Cluster(8, 4, 1e12, **LINKS)
+    layout = Layout(dp=2, tp=2, pp=2, microbatches=4, schedule="1f1b")
+    first, last = (rank[0] for rank in stage_costs(w, layout, cluster, 2))
+    gemm, _ = gemms_seconds(layer_gemms(2, 32, 64, 8, 2), cluster, 4)
+    assert first.gemm == pytest.approx(4 * gemm)  # four layers a stage
+    from minidist.plan.stage_memory import layer_activation_bytes
+    assert first.elementwise == pytest.approx(4 * 2 * layer_activation_bytes(w, 2, 2) / 1e11)
+    act = 2 * 32 * 64 * 4  # b s h, fp32
+    assert first.tp == pytest.approx(4 * 4 * (2 * 1e-6 + act / 1e10))  # four all-reduces a layer, in a node
+    # the stages are dp x tp = 4 ranks apart: different nodes of 4; one activation out per micro-batch
+    assert first.message == pytest.approx(1e-5 + act / 1e9)
+    head, _ = gemms_seconds([(1, 64, 256, 64)], cluster, 4)
+    assert last.gemm == pytest.approx(first.gemm + head)  # the last stage also runs the head
+    assert first.forward == pytest.approx(first.gemm + first.elementwise + first.tp / 2 + first.message)
+    assert first.backward == pytest.approx(2 * (first.gemm + first.elementwise) + first.tp / 2 + first.message)
+    again = StageCost(1.0, 0.5, 0.2, True)  # recomputation runs the forward once more inside backward
+    assert again.backward == pytest.approx(2 * 1.5 + 0.1 + 1.5 + 0.1)
+    assert again.parts() == {"compute": pytest.approx(6.0), "tp": pytest.approx(0.3), "pp": 0.0,
+                             "total": pytest.approx(again.forward + again.backward)}
+
+
+@pytest.mark.parametrize("schedule, v", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2)])
+def test_equal_stages_give_the_bubble_formula(schedule, v):
+    p, m = 4, 8
+    costs = tuple(tuple(StageCost(1.0, 0.0, 0.0, False) for _ in range(v)) for _ in range(p))
+    makespan = pipeline_seconds(costs, schedule, p, m, v)
+    work = m * v * 3.0
+    assert 1 - work / makespan == pytest.approx(S.bubble_theory(p, m, v))
+    assert pipeline_estimate(costs, p, m, v) == pytest.approx(makespan)
+
+
+def test_a_long_pipeline_is_simulated_briefly_and_extended_exactly():
+    rng = random.Random(25)
+    for _ in range(12):
+        schedule = rng.choice(["gpipe", "1f1b", "interleaved"])
+        p = rng.choice([2, 3, 4, 6])
+        v = rng.choice([2, 3]) if schedule == "interleaved" else 1
+        m = p * rng.randint(6, 9)
+        costs = tuple(tuple(StageCost(rng.uniform(1, 2), rng.uniform(0, 1), 0.0, False) for _ in range(v))
+                      for _ in range(p))
+        events = S.simulate(S.all_ranks(schedule, p, m, v), forward=lambda r, c: costs[r][c].forward,
+                            backward=lambda r, c: costs[r][c].backward)
+        full = max(e[3] for rank in events for e in rank)
+        tolerance = 1e-12 if schedule != "interleaved" else 1e-2
+        assert pipeline_seconds(costs, schedule, p, m, v) == pytest.approx(full, rel=tolerance), (schedule, p, v, m)
+
+
+def test_unequal_stages_show_as_bubble():
+    """The last stage also runs the head: a big vocabulary makes it the pipeline's bottleneck."""
+    config = GPTConfig(vocab_size=32768, block_size=32, n_layer=4, n_head=8, n_embd=64)
+    w = Workload(config, 16, 32, "fp32", "minidist")
+    r = predict(w, Layout(pp=2, microbatches=8, schedule="1f1b"), Cluster(2, **LINKS))
+    assert r["bubble_fraction"] > S.bubble_theory(2, 8) * 1.05  # idle of both ranks, as a real run measures it
+    assert r["simulated"]
+
+
+def test_groups_that_span_nodes_use_the_two_level_model():
+    w = Workload(CFG, 16, 32, "fp32", "minidist", overlap=False)
+    cluster = Cluster(8, 2, 1e12, **LINKS)
+    assert group_span("tp", 2, 4, 1, 2) == (4, 2, 2) and group_span("dp", 2, 2, 2, 2) == (2, 1, 2)
+    assert group_span("tp", 1, 8, 1, 8) == (8, 8, 1) and group_span("pp", 1, 1, 4, 4) == (4, 4, 1)
+    assert group_span("embedding", 1, 1, 4, 4) == (2, 2, 1) and group_span("embedding", 2, 1, 3, 4) == (2, 1, 2)
+    r = predict(w, Layout(1, 4, 2, 0, 1, "1f1b"), cluster)  # tp = 4 > 2 per node
+    act = 16 * 32 * 64 * 4
+    links = (1e-6, 1e-10, 1e-5, 1e-9)
+    one = min(cost.predict_two_level(a, 2, 2, act, *links) for a in ("ring", "hierarchical"))
+    assert r["tp"] == pytest.approx(4 * 4 * one)  # four all-reduces for each of the stage's four layers
+
+
+def test_data_parallel_overlap_and_zero_traffic():
+    w = Workload(CFG, 16, 32, "fp32", "minidist", overlap=False)
+    cluster = Cluster(4, 4, 1e12, **LINKS)
+    params = sum(rank_units(CFG, 1, 1, 0))
+    grads = 4 * params
+    ar = 2 * 3 * 1e-6 + 2 * 3 / 4 * grads / 1e10  # ring of 4 inside a node
+    sent = [data_parallel_seconds(w, Layout(4, 1, 1, z), cluster, params, 0.0, (0.0, 0.0))[1] for z in range(4)]
+    assert sent[0] == sent[1] == sent[2] == pytest.approx(2 * 3 / 4 * grads) and sent[3] == pytest.approx(1.5 * sent[0])
+    recomputing = Workload(CFG, 16, 32, "fp32", "minidist", recompute=True)  # ZeRO-3 gathers a third time
+    assert data_parallel_seconds(recomputing, Layout(4, 1, 1, 3), cluster, params, 0, (0, 0))[1] == pytest.approx(
+        2 * sent[0])
+    assert data_parallel_seconds(w, Layout(4, 1, 1, 0), cluster, params, 1.0, (0, 0))[0] == pytest.approx(ar)
+    hidden = Workload(CFG, 16, 32, "fp32", "minidist", overlap=True)
+    backward = ar / 3  # the last micro-batch's backward hides a third of the all-reduce
+    exposed, _ = data_parallel_seconds(hidden, Layout(4, 1, 1, 0), cluster, params, backward, (0, 0),
+                                       bucket_bytes=grads / 10)
+    assert exposed == pytest.approx(ar - backward + cluster.overlap_cost * backward)
+
+
+def test_the_speed_a_user_can_check():
+    """TFLOP/s per device is Narayanan et al.'s count over the step; MFU the model's FLOPs over the peak."""
+    w = Workload(CFG, 16, 32, "mixed", recompute=True)
+    cluster = Cluster(4)
+    r = predict(w, Layout(dp=4, microbatches=2), cluster)
+    assert r["tflops_per_device"] * 1e12 == pytest.approx(flops_per_step(w) / (4 * r["step_seconds"]))
+    assert r["mfu"] == pytest.approx(flops_per_step(w, recompute=False) / (4 * r["step_seconds"] * 312e12))
+    parts = sum(r[k] for k in ("compute", "tp", "pp", "bubble", "dp", "optimizer"))
+    assert r["step_seconds"] == pytest.approx(parts) and math.isfinite(r["step_seconds"])

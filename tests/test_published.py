@@ -1,0 +1,124 @@
+"""The published runs the planner is held to (minidist/plan/published.py) agree with themselves:
+each layout multiplies out to its GPU count, each batch divides among its replicas, each GPT-style
+model's parameter count follows from its sizes, and the papers' own totals (aggregate
+petaFLOP/s, percentage of peak, training days) follow from the per-GPU numbers. A typo copied
+from a paper would show here before it misleads the planner's tests. Pure arithmetic, no MPI."""
+import pytest
+
+from minidist.plan.published import (
+    A100_PEAK_TFLOPS_16BIT,
+    ALL_RUNS,
+    NARAYANAN_TABLE_1,
+    NARAYANAN_TABLE_1_AGGREGATE_PFLOPS,
+    NARAYANAN_TABLE_1_PERCENT_OF_PEAK,
+    NARAYANAN_TABLE_2,
+    NARAYANAN_TABLE_2_DAYS_300B_TOKENS,
+    NARAYANAN_TABLE_2_MODEL_PARALLEL,
+    OTHER_RUNS,
+    PublishedRun,
+)
+
+DEVICES = {"a100-40gb", "a100-80gb", "h100-80gb-sxm"}  # presets of minidist/plan/hardware.py
+
+# Llama 3 uses SwiGLU (FFN 3.25 h, three matrices) and grouped-query attention (8 KV heads),
+# so Narayanan's eq. (2), written for GPT (4h FFN, full multi-head attention), does not apply.
+# Every other run here is GPT-style: Narayanan's Tables 1 and 2, MT-NLG 530B and BLOOM (whose
+# ALiBi replaces the position table, a difference of 0.02%).
+GPT_STYLE = tuple(r for r in ALL_RUNS if not r.name.startswith("Llama 3"))
+
+
+def ids(runs):
+    return [r.name for r in runs]
+
+
+def narayanan_parameters(r: PublishedRun) -> float:
+    """Narayanan et al. eq. (2): P = 12·l·h²·(1 + 13/(12h) + (V + s)/(12·l·h))."""
+    l, h, V, s = r.n_layer, r.n_embd, r.vocab_size, r.seq
+    return 12 * l * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * l * h))
+
+
+def test_collections_are_what_they_say():
+    assert len(NARAYANAN_TABLE_1) == 10 and len(NARAYANAN_TABLE_2) == 12 and len(OTHER_RUNS) >= 3
+    assert ALL_RUNS == NARAYANAN_TABLE_1 + NARAYANAN_TABLE_2 + OTHER_RUNS
+    assert len({r.name for r in ALL_RUNS}) == len(ALL_RUNS), "run names must be unique"
+    assert all(isinstance(r, PublishedRun) for r in ALL_RUNS)
+    assert len(GPT_STYLE) == len(ALL_RUNS) - 3
+
+
+@pytest.mark.parametrize("r", ALL_RUNS, ids=ids(ALL_RUNS))
+def test_fields_are_in_range(r):
+    assert r.source and r.device in DEVICES
+    assert r.recompute in {"full", "selective", "none", "unknown"} and r.precision == "mixed"
+    assert r.zero in {0, 1, 2, 3}
+    assert r.gpus % r.gpus_per_node == 0
+    assert r.tflops_per_gpu > 0 and (r.parameters is None or r.parameters > 0)
+    assert r.micro_batch is None or r.micro_batch >= 1
+    assert r.virtual_stages is None or r.virtual_stages >= 2
+
+
+@pytest.mark.parametrize("r", ALL_RUNS, ids=ids(ALL_RUNS))
+def test_layout_multiplies_out_to_the_gpu_count(r):
+    assert r.tp * r.pp * r.dp * r.context_parallel == r.gpus
+
+
+@pytest.mark.parametrize("r", ALL_RUNS, ids=ids(ALL_RUNS))
+def test_batch_divides_among_replicas(r):
+    assert r.global_batch % r.dp == 0
+    if r.micro_batch is not None:
+        assert r.global_batch % (r.dp * r.micro_batch) == 0
+
+
+@pytest.mark.parametrize("r", ALL_RUNS, ids=ids(ALL_RUNS))
+def test_model_splits_as_the_layout_says(r):
+    assert r.n_embd % r.n_head == 0
+    assert r.n_embd % r.tp == 0 and r.n_head % r.tp == 0
+    assert r.pp <= r.n_layer
+    assert r.seq % (2 * r.context_parallel) == 0 or r.context_parallel == 1  # Llama 3 splits into 2·cp chunks
+
+
+@pytest.mark.parametrize("r", [r for r in GPT_STYLE if r.parameters], ids=ids(r for r in GPT_STYLE if r.parameters))
+def test_parameter_count_follows_from_the_sizes(r):
+    assert narayanan_parameters(r) == pytest.approx(r.parameters, rel=0.03)
+
+
+@pytest.mark.parametrize("r", NARAYANAN_TABLE_1, ids=ids(NARAYANAN_TABLE_1))
+def test_table_1_totals(r):
+    """Aggregate petaFLOP/s = GPUs × teraFLOP/s per GPU / 1000, and the percentage column is of 312."""
+    assert r.gpus * r.tflops_per_gpu / 1000 == pytest.approx(NARAYANAN_TABLE_1_AGGREGATE_PFLOPS[r.name], rel=0.01)
+    assert round(100 * r.tflops_per_gpu / A100_PEAK_TFLOPS_16BIT) == NARAYANAN_TABLE_1_PERCENT_OF_PEAK[r.name]
+
+
+def test_table_1_is_the_weak_scaling_sweep():
+    assert set(NARAYANAN_TABLE_1_AGGREGATE_PFLOPS) == set(NARAYANAN_TABLE_1_PERCENT_OF_PEAK) == set(ids(NARAYANAN_TABLE_1))
+    sizes = [r.parameters for r in NARAYANAN_TABLE_1]
+    assert sizes == sorted(sizes) and [r.gpus for r in NARAYANAN_TABLE_1] == sorted(r.gpus for r in NARAYANAN_TABLE_1)
+    assert all(r.tp <= r.gpus_per_node for r in NARAYANAN_TABLE_1)  # tensor parallelism stays inside a node
+
+
+@pytest.mark.parametrize("r", NARAYANAN_TABLE_2, ids=ids(NARAYANAN_TABLE_2))
+def test_table_2_rows(r):
+    assert r.tp * r.pp == NARAYANAN_TABLE_2_MODEL_PARALLEL[r.name]
+    if r.zero == 3:
+        assert r.tp == r.pp == 1 and r.dp == r.gpus
+    else:
+        assert r.zero == 0 and r.micro_batch == 1
+    # the paper's eq. (4): days ≈ 8·T·P / (n·X), T = 300B tokens; eq. (4) drops small terms of eq. (3)
+    days = 8 * 300e9 * r.parameters / (r.gpus * r.tflops_per_gpu * 1e12) / 86400
+    assert days == pytest.approx(NARAYANAN_TABLE_2_DAYS_300B_TOKENS[r.name], rel=0.05)
+
+
+def test_table_2_ptdp_beats_zero3_at_every_shared_gpu_count():
+    ratios = {}
+    for size in (175e9, 530e9):
+        rows = [r for r in NARAYANAN_TABLE_2 if abs(r.parameters - size) / size < 0.01]
+        zero3 = {r.gpus: r.tflops_per_gpu for r in rows if r.zero == 3}
+        ptdp = {r.gpus: r.tflops_per_gpu for r in rows if r.zero == 0}
+        for gpus in zero3.keys() & ptdp.keys():
+            ratios[(size, gpus)] = ptdp[gpus] / zero3[gpus]
+    assert len(ratios) == 5  # 175B at 384/768/1536; 530B at 1120/2240 (ZeRO-3 ran 640, PTD-P 560)
+    assert all(ratio > 1 for ratio in ratios.values()), ratios
+
+
+def test_other_runs_cover_a100_and_h100_with_context_parallelism():
+    assert {r.device for r in OTHER_RUNS} == {"a100-80gb", "h100-80gb-sxm"}
+    assert any(r.context_parallel > 1 for r in OTHER_RUNS)
