@@ -138,3 +138,17 @@ def test_the_speed_a_user_can_check():
     assert r["mfu"] == pytest.approx(flops_per_step(w, recompute=False) / (4 * r["step_seconds"] * 312e12))
     parts = sum(r[k] for k in ("compute", "tp", "pp", "bubble", "dp", "optimizer"))
     assert r["step_seconds"] == pytest.approx(parts) and math.isfinite(r["step_seconds"])
+
+
+def test_the_gemm_curve_is_fitted_back_from_its_own_points():
+    """bench plan --calibrate fits (e, W½) to NumPy matmuls; on points drawn from a known curve it
+    finds that curve again, and on this machine's matmuls it finds a curve that predicts them."""
+    from minidist.bench.plan import fit_gemm_curve, layer_shapes, time_gemms
+    known = GemmCurve(peak_fraction=0.6, half_flops=3e6)
+    points = [(w, known.seconds(w, 0, 1e11, 1e30)) for w in (1e5, 1e6, 1e7, 1e8, 1e9)]
+    fitted = fit_gemm_curve(points, 1e11)
+    assert fitted.peak_fraction == pytest.approx(0.6) and fitted.half_flops == pytest.approx(3e6)
+    shapes = layer_shapes(GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32), 4, 2)
+    assert (16, 96, 32) in shapes and (64, 48, 32) in shapes  # q/k/v of one sequence; of four, split over tp 2
+    measured = time_gemms(shapes[:6], seconds=0.002)
+    assert all(f > 0 and s > 0 for f, s in measured)

