@@ -44,6 +44,8 @@ that this world and model allow, and one table comparing their losses and weight
 """
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import math
 import os
 import sys
@@ -215,8 +217,9 @@ def main(argv=None) -> int:
     world = dist.get_world()
     parser = build_parser()
     args = parser.parse_args(argv)
+    framework_config = None
     if args.deepspeed_config is not None or args.megatron_args is not None:
-        translate(parser, args, argv, world)
+        framework_config = translate(parser, args, argv, world)
     if args.layout is not None:
         try:
             apply_layout_name(args, frameworks.given_flags(parser, argv))
@@ -242,7 +245,9 @@ def main(argv=None) -> int:
     report = {"world_size": world.size, "layout": layout.degrees() if layout else {"dp": 1, "tp": 1, "pp": 1, "zero": 0},
               "layout_name": str(layout) if layout else "tour", "dtype": args.dtype, "config": config.to_dict(),
               "algorithm": args.algorithm, "kernels": args.kernels, "precision": args.precision,
-              "recompute": args.recompute}
+              "recompute": args.recompute, "optimizer": asdict(strategies.optim_settings(args))}
+    if framework_config is not None:  # every key of the config: applied with the value used, or refused
+        report["framework_config"] = framework_config
     with all_reduce_algorithm(args.algorithm):  # every strategy's all-reduces, unless it names one
         if layout is None:
             report["tour"] = tour(args, config, task, world)

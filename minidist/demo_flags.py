@@ -16,6 +16,7 @@ from minidist.comm import faults
 from minidist.comm.collectives import ALL_REDUCE
 from minidist.core.data import make_task
 from minidist.core.model import GPTConfig
+from minidist.core.optim import DECAYS
 from minidist.core.recompute import check_recompute
 from minidist.training.layout import LAYOUT_FLAGS, Layout
 from minidist.core.moe import MoEConfig
@@ -39,6 +40,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=positive, default=None, help="training steps (default 300; 20 per strategy in the tour)")
     p.add_argument("--batch-size", type=positive, default=16, help="global batch size (sequences per step)")
     p.add_argument("--lr", type=cli.number(0, lo_open=True), default=3e-3, help="peak learning rate (warm-up then cosine)")
+    p.add_argument("--min-lr", type=cli.number(0), default=None, help="learning rate at the last step (default lr/10)")
+    p.add_argument("--warmup", type=cli.integer(0), default=None, help="warm-up steps (default min(10, steps/10))")
+    p.add_argument("--lr-decay", choices=list(DECAYS), default="cosine", help="after warm-up, down to --min-lr")
+    p.add_argument("--weight-decay", type=cli.number(0), default=0.1, help="AdamW's decoupled decay (matrices only)")
+    p.add_argument("--clip", type=cli.number(0), default=1.0, help="max global gradient norm (0: no clipping)")
+    p.add_argument("--adam-beta1", type=cli.number(0, 1, hi_open=True), default=0.9)
+    p.add_argument("--adam-beta2", type=cli.number(0, 1, hi_open=True), default=0.95)
+    p.add_argument("--adam-eps", type=cli.number(0, lo_open=True), default=1e-8)
     p.add_argument("--seed", type=cli.integer(0, 2**32 - 1), default=0, help="seed of the weights and the batches")
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     p.add_argument("--n-layer", type=positive, default=4)
@@ -179,21 +188,38 @@ def apply_layout_name(args, given: set[str]) -> None:
         setattr(args, dest, value)
 
 
-def translate(parser, args, argv, world) -> None:
-    """--deepspeed-config / --megatron-args: the config's layout becomes the flags (chapter 9);
-    a flag given on the command line as well wins (e.g. --n-embd 32 to run a big model small)."""
+AUTO_FILLERS = ("lr", "warmup", "weight_decay", "clip", "adam_beta1", "adam_beta2", "adam_eps", "precision",
+                "accumulation")  # Hugging Face's "auto" takes these from the command line when given
+
+
+def translate(parser, args, argv, world) -> dict:
+    """--deepspeed-config / --megatron-args: the config's layout and settings become the flags
+    (chapter 9); a flag given on the command line as well wins (e.g. --n-embd 32 to run a big model
+    small). Prints the translation, what is refused and why, and the values the run will use;
+    returns the `--json` "framework_config" (every key applied, with the value used, or refused)."""
     if args.deepspeed_config is not None and args.megatron_args is not None:
         faults.fail("give --deepspeed-config or --megatron-args, not both")
     flag = "--deepspeed-config" if args.deepspeed_config is not None else "--megatron-args"
+    given = frameworks.given_flags(parser, argv)
     try:
         if args.deepspeed_config is not None:
+            fill = {name: getattr(args, name) for name in AUTO_FILLERS if name in given}
+            fill.update(batch_size=args.batch_size, n_embd=args.n_embd, steps=args.steps or 300)
             translation = frameworks.from_deepspeed(args.deepspeed_config, world.size, pp=args.pp or 1,
-                                                    tp=args.tp or 1)
+                                                    tp=args.tp or 1, settings=fill)
         else:
             translation = frameworks.from_megatron(args.megatron_args, world.size)
     except ValueError as error:
         faults.fail(f"{flag}: {error}")
-    translation.apply(args, keep=frameworks.given_flags(parser, argv))
+    translation.apply(args, keep=given)
     world.print0(translation.describe())
     for why in translation.unsupported:
         world.print0(f"  not supported: {why}")
+    overridden = sorted(f"--{dest.replace('_', '-')}" for dest in given & set(translation.demo_settings()))
+    world.print0("the run uses: " + ", ".join(
+        f"{name} {getattr(args, name)}" for name in ("n_layer", "n_embd", "n_head", "block_size", "batch_size", "steps",
+                                                     "lr", "min_lr", "warmup", "lr_decay", "weight_decay", "clip",
+                                                     "adam_beta1", "adam_beta2", "adam_eps", "precision")
+        if getattr(args, name, None) is not None)
+        + (f" (the command line's {', '.join(overridden)} over the config's)" if overridden else ""))
+    return translation.report(args, given)

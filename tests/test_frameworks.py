@@ -39,8 +39,13 @@ def test_deepspeed_zero2_example():
     assert {why.split(":")[0] for why in t.unsupported} == {
         "zero_optimization.reduce_bucket_size", "zero_optimization.contiguous_gradients",
         "zero_optimization.allgather_bucket_size", "steps_per_print", "wall_clock_breakdown"}
-    assert t.demo_flags() == ["--dp", "4", "--zero", "2", "--precision", "bf16", "--batch-size", "16", "--lr", "0.003",
-                              "--steps", "200"]
+    assert t.demo_flags()[:12] == ["--dp", "4", "--zero", "2", "--precision", "bf16", "--batch-size", "16", "--lr",
+                                   "0.003", "--steps", "200"]
+    flags = t.demo_flags()
+    for flag, value in (("--weight-decay", "0.1"), ("--warmup", "20"), ("--clip", "1"), ("--adam-beta2", "0.95"),
+                        ("--lr-decay", "cosine")):  # every optimizer key reaches the run
+        assert flags[flags.index(flag) + 1] == value, flag
+    assert t.applied["optimizer.params.weight_decay"] == {"value": 0.1, "flag": "weight_decay"}
 
 
 def test_deepspeed_zero3_offload_example():
@@ -48,16 +53,17 @@ def test_deepspeed_zero3_offload_example():
     assert (t.dp, t.zero, t.batch_size, t.micro_batch_size, t.accumulation) == (2, 3, 4, 2, 1)
     assert (t.lr, t.min_lr, t.warmup, t.steps, t.clip) == (1e-3, 0.0, 10, 100, 1.0)
     assert t.precision == "fp16"
-    assert listed(t, "zero_optimization.offload_optimizer: minidist keeps every state in host memory already")
+    assert listed(t, 'zero_optimization.offload_optimizer: device "cpu": minidist keeps every state in host memory')
     assert listed(t, "zero_optimization.offload_param")
     assert len(listed(t, "zero_optimization.stage3_")) == 5
-    assert listed(t, "optimizer.params.betas [0.9, 0.999]")
-    assert listed(t, "scheduler WarmupDecayLR decays linearly")
-    assert listed(t, "scheduler.params.warmup_type log")  # DeepSpeed's default warm-up is not linear
+    assert (t.betas, t.decay, t.weight_decay) == ((0.9, 0.999), "linear", 0.0)  # applied, not refused
+    assert listed(t, "scheduler.params.warmup_type: log")  # DeepSpeed's default warm-up is not linear
     assert listed(t, "activation_checkpointing")
-    assert listed(t, "fp16.loss_scale") and listed(t, "fp16.initial_scale_power")
-    assert t.demo_flags() == ["--dp", "2", "--zero", "3", "--precision", "fp16", "--batch-size", "4", "--lr", "0.001",
-                              "--steps", "100"]
+    # loss_scale 0 is dynamic, as minidist's; the start and the window apply; hysteresis 2 and a floor do not
+    assert (t.initial_loss_scale, t.loss_scale_window) == (2.0**16, 1000) and not listed(t, "fp16.loss_scale")
+    assert listed(t, "fp16.hysteresis: 2") and listed(t, "fp16.min_loss_scale")
+    assert t.demo_flags()[:12] == ["--dp", "2", "--zero", "3", "--precision", "fp16", "--batch-size", "4", "--lr",
+                                   "0.001", "--steps", "100"]
 
 
 def test_megatron_example():
@@ -70,12 +76,12 @@ def test_megatron_example():
     assert t.precision == "bf16" and not listed(t, "--bf16") and "--precision" in t.demo_flags()
     for flag in ("--data-path", "--tokenizer-type", "--vocab-file", "--merge-file", "--split"):
         assert listed(t, flag)[0].endswith("ignored: minidist generates its data")
-    assert listed(t, "--save ") and listed(t, "--log-interval") and len(t.unsupported) == 9
-    assert t.demo_flags() == ["--dp", "2", "--tp", "2", "--pp", "2", "--zero", "1", "--microbatches", "4",
-                              "--schedule", "1f1b", "--sequence-parallel", "--precision", "bf16", "--batch-size", "16",
-                              "--lr", "0.003",
-                              "--steps", "100", "--n-layer", "4", "--n-embd", "64", "--n-head", "4",
-                              "--block-size", "32"]
+    assert listed(t, "--save: checkpoints/gpt") and listed(t, "--log-interval") and len(t.unsupported) == 9
+    assert t.demo_flags()[:33] == ["--dp", "2", "--tp", "2", "--pp", "2", "--zero", "1", "--microbatches", "4",
+                                   "--schedule", "1f1b", "--sequence-parallel", "--precision", "bf16", "--batch-size",
+                                   "16", "--lr", "0.003", "--steps", "100", "--n-layer", "4", "--n-embd", "64",
+                                   "--n-head", "4", "--block-size", "32", "--min-lr", "0.0003", "--warmup", "10"]
+    assert (t.betas, t.eps, t.decay) == ((0.9, 0.95), 1e-8, "cosine")  # --adam-beta1/2 applied; Megatron's default eps
 
 
 def test_megatron_reads_a_pasted_launch_line_and_a_list():
@@ -140,7 +146,7 @@ def test_gradient_accumulation_steps_are_micro_batches_in_a_pipeline():
     assert (flat.dp, flat.accumulation, flat.microbatches, flat.batch_size) == (4, 4, 1, 32)
     assert (piped.dp, piped.accumulation, piped.microbatches, piped.batch_size) == (2, 1, 4, 16)
     assert piped.demo_flags() == ["--dp", "2", "--pp", "2", "--microbatches", "4", "--schedule", "1f1b",
-                                  "--batch-size", "16"]
+                                  "--batch-size", "16", "--clip", "0"]  # DeepSpeed's default: no clipping
 
 
 # ----------------------------------------------------------------------------- layout rules
@@ -190,8 +196,8 @@ def test_megatron_context_parallel_ranks_join_dp_and_experts_are_listed():
     t = fw.from_megatron("--context-parallel-size 2 --micro-batch-size 1 --num-experts 8 "
                          "--expert-model-parallel-size 2 --recompute-activations", world_size=4)
     assert t.dp == 4 and listed(t, "--context-parallel-size 2") and "(dp 2 -> 4)" in t.unsupported[0]
-    assert listed(t, "--num-experts 8: minidist's mixture of experts")
-    assert listed(t, "--expert-model-parallel-size 2: minidist's mixture of experts")
+    assert listed(t, "--num-experts: 8: minidist's mixture of experts")
+    assert listed(t, "--expert-model-parallel-size: 2: minidist's mixture of experts")
     assert t.recompute == "selective" and "--recompute" in t.demo_flags()  # Megatron's switch for selective
 
 
@@ -199,14 +205,15 @@ def test_unknown_keys_are_listed_not_errors():
     t = fw.from_deepspeed({"train_batch_size": 8, "my_new_key": 1, "zero_optimization": {"stage": 1, "zz": 2},
                            "optimizer": {"type": "Lamb", "params": {"lr": 0.01}}}, world_size=2)
     assert listed(t, "my_new_key: ignored: no minidist counterpart")
-    assert listed(t, "zero_optimization.zz") and listed(t, "optimizer.type Lamb") and t.lr == 0.01
+    assert listed(t, "zero_optimization.zz") and listed(t, "optimizer.type: Lamb") and t.lr == 0.01
     t = fw.from_megatron("--micro-batch-size 1 --some-new-flag 3 --other", world_size=1)
-    assert listed(t, "--some-new-flag 3: ignored") and listed(t, "--other: ignored")
+    assert listed(t, "--some-new-flag: 3: ignored") and listed(t, "--other: ignored")
 
 
 def test_reduce_bucket_size_is_the_dp_bucket():
     t = fw.from_deepspeed({"train_batch_size": 8, "zero_optimization": {"reduce_bucket_size": 5e5}}, world_size=2)
-    assert t.bucket_kb == 1954 and t.demo_flags()[-2:] == ["--bucket-kb", "1954"]  # 5e5 fp32 elements
+    flags = t.demo_flags()
+    assert t.bucket_kb == 1954 and flags[flags.index("--bucket-kb") + 1] == "1954"  # 5e5 fp32 elements
 
 
 def test_warmup_lr_is_constant_after_warmup():
@@ -275,8 +282,8 @@ def test_cli_prints_the_translation_and_the_command(capsys):
     out = capsys.readouterr().out
     assert out.startswith("DeepSpeed on 4 ranks -> minidist mesh pp 1 x dp 4 x tp 1 (tp fastest), ZeRO-2 over dp\n")
     assert "  zero_optimization.offload" not in out and "  bf16.enabled -> --precision bf16" in out
-    assert out.endswith("run it:\n  mpirun -n 4 python -m minidist.demo --dp 4 --zero 2 --precision bf16 --batch-size 16 "
-                        "--lr 0.003 --steps 200\n")
+    assert "run it:\n  mpirun -n 4 python -m minidist.demo --dp 4 --zero 2 --precision bf16 --batch-size 16 --lr 0.003 " \
+           "--steps 200 --min-lr 0.0003" in out
     assert frameworks_main(["megatron", "--world", "2", "--", "--pipeline-model-parallel-size", "2",
                     "--micro-batch-size", "2"]) == 0
     assert "mpirun -n 2 python -m minidist.demo --pp 2 --microbatches 1 --schedule 1f1b --batch-size 2" \

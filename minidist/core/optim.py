@@ -161,13 +161,21 @@ def clip_grad_norm_(params, max_norm: float, total_norm: float | None = None) ->
     return total
 
 
-def lr_at(step: int, base_lr: float, warmup: int, total: int, min_lr: float = 0.0) -> float:
-    """Linear warm-up for `warmup` steps, then cosine decay to min_lr at step `total`."""
+DECAYS = ("cosine", "linear", "constant")
+
+
+def lr_at(step: int, base_lr: float, warmup: int, total: int, min_lr: float = 0.0, decay: str = "cosine") -> float:
+    """Linear warm-up for `warmup` steps, then `decay` to min_lr at step `total`: "cosine" (half
+    a cosine), "linear" (a straight line, Megatron-LM's default), or "constant" (base_lr throughout)."""
     if warmup and step < warmup:
         return base_lr * (step + 1) / warmup
+    if decay == "constant":
+        return base_lr
     if step >= total:
         return min_lr
     progress = (step - warmup) / max(1, total - warmup)
+    if decay == "linear":
+        return base_lr + (min_lr - base_lr) * progress
     return min_lr + 0.5 * (base_lr - min_lr) * (1.0 + math.cos(math.pi * progress))
 
 

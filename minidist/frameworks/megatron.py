@@ -6,13 +6,31 @@ import shlex
 
 from minidist import cli
 from minidist.frameworks.translation import (
-    BETAS, EPS, DEMO_VOCAB, LOW_PRECISION, NO_RECOMPUTE, Translation, data_parallel_size,
+    DEMO_VOCAB, LOW_PRECISION, NO_RECOMPUTE, Translation, data_parallel_size,
     batch_rule, finish_translation, set_layout_steps)
 
 
 SWITCHES = {"--sequence-parallel", "--fp16", "--bf16", "--use-distributed-optimizer", "--overlap-grad-reduce",
             "--untie-embeddings-and-output-weights", "--use-torch-fsdp2", "--use-megatron-fsdp",
-            "--recompute-activations"}
+            "--recompute-activations", "--checkpoint-activations", "--deepspeed", "--no-pipeline-parallel",
+            "--deepspeed-activation-checkpointing"}
+DESTS = {  # a Megatron-LM flag -> the demo's argument its value reaches (None: the layout or the batch split)
+    "--tensor-model-parallel-size": "tp", "--pipeline-model-parallel-size": "pp", "--micro-batch-size": None,
+    "--global-batch-size": "batch_size", "--num-layers": "n_layer", "--hidden-size": "n_embd",
+    "--num-attention-heads": "n_head", "--seq-length": "block_size", "--max-position-embeddings": "block_size",
+    "--use-distributed-optimizer": "zero", "--zero-stage": "zero", "--use-torch-fsdp2": "zero",
+    "--use-megatron-fsdp": "zero", "--data-parallel-sharding-strategy": "zero", "--sequence-parallel": "sequence_parallel",
+    "--recompute-granularity": "recompute", "--recompute-activations": "recompute", "--checkpoint-activations": "recompute",
+    "--recompute-method": "recompute", "--activations-checkpoint-method": "recompute",
+    "--recompute-num-layers": "recompute", "--activations-checkpoint-num-layers": "recompute",
+    "--fp16": "precision", "--bf16": "precision", "--seed": "seed", "--lr": "lr", "--min-lr": "min_lr",
+    "--weight-decay": "weight_decay", "--clip-grad": "clip", "--train-iters": "steps", "--lr-warmup-iters": "warmup",
+    "--lr-warmup-fraction": "warmup", "--lr-decay-style": "lr_decay", "--adam-beta1": "adam_beta1",
+    "--adam-beta2": "adam_beta2", "--adam-eps": "adam_eps", "--initial-loss-scale": "initial_loss_scale",
+    "--loss-scale-window": "loss_scale_window", "--untie-embeddings-and-output-weights": "untied",
+    "--num-virtual-stages-per-pipeline-rank": "virtual_stages", "--virtual-pipeline-model-parallel-size": "virtual_stages",
+    "--num-layers-per-virtual-pipeline-stage": "virtual_stages",
+}
 MEGATRON_IGNORED = [  # (flag prefixes, why minidist does not follow them)
     (("--data", "--split", "--tokenizer", "--vocab-file", "--merge-file", "--mock-data", "--train-data",
       "--valid-data", "--test-data", "--num-workers", "--hf-tokenizer", "--make-vocab-size"),
@@ -28,8 +46,8 @@ MEGATRON_IGNORED = [  # (flag prefixes, why minidist does not follow them)
      "minidist's GPT is GPT-2's: LayerNorm, a GELU MLP of 4 x n_embd, learned positions, biases"),
     (("--moe", "--expert", "--num-experts"),
      "minidist's mixture of experts (--experts E --ep N, chapter 11) is set by its own flags, not read from here"),
-    (("--fp8", "--fp4", "--loss-scale", "--initial-loss-scale", "--min-loss-scale", "--hysteresis",
-      "--accumulate-allreduce", "--attention-softmax-in-fp32", "--fp16-lm-cross-entropy", "--fp32-residual"),
+    (("--fp8", "--fp4", "--accumulate-allreduce", "--attention-softmax-in-fp32", "--fp16-lm-cross-entropy",
+      "--fp32-residual"),
      LOW_PRECISION),
     (("--train-samples", "--rampup-batch-size", "--lr-warmup-samples", "--lr-decay-samples"),
      "a sample-based schedule: give --train-iters (minidist counts steps)"),
@@ -76,10 +94,11 @@ def from_megatron(argv, world_size: int) -> Translation:
     flags, who = parse_megatron(argv), "megatron args"
     t = Translation("Megatron-LM", world_size)
 
-    def take(flag, kind=int, lo=1, default=None):
+    def take(flag, kind=int, lo=1, default=None):  # the flag's value, and it goes into the ledger as applied
         if flag not in flags:
             return default
         text = flags.pop(flag)
+        t.use(flag, True if text is None else text, DESTS.get(flag))
         if kind is bool:
             return True
         if text is None:
@@ -94,7 +113,7 @@ def from_megatron(argv, world_size: int) -> Translation:
     data_parallel_size(world_size, t.tp * cp, t.pp, who)  # Megatron's own rule first
     t.dp = data_parallel_size(world_size, t.tp, t.pp, who)
     if cp > 1:
-        t.unsupported.append(f"--context-parallel-size {cp}: minidist's context parallelism (--cp, chapter 11) does "
+        t.refuse_line(f"--context-parallel-size {cp}: minidist's context parallelism (--cp, chapter 11) does "
                              f"not combine with tp or pp; its ranks join data parallelism (dp {t.dp // cp} -> {t.dp})")
     micro = take("--micro-batch-size")
     if micro is None:
@@ -133,6 +152,18 @@ def from_megatron(argv, world_size: int) -> Translation:
     granularity = take("--recompute-granularity", str)
     if take("--recompute-activations", bool):  # Megatron's older switch for selective recomputation
         granularity = granularity or "selective"
+    if take("--checkpoint-activations", bool):  # the oldest spelling: full recomputation of every layer
+        granularity = granularity or "full"
+    method = take("--recompute-method", str) or take("--activations-checkpoint-method", str)
+    layers = take("--recompute-num-layers") or take("--activations-checkpoint-num-layers")
+    if method is not None:
+        granularity = granularity or "full"
+        if method != "uniform" or (layers or 1) != 1:
+            for flag in ("--recompute-method", "--activations-checkpoint-method", "--recompute-num-layers",
+                         "--activations-checkpoint-num-layers"):
+                if flag in t.applied:
+                    t.refuse(flag, f"{method} x {layers or 1} layers: minidist recomputes each block alone (uniform, "
+                                   "1 layer); --segments groups the whole model's blocks (serial and dp only)")
     if granularity is not None:
         if granularity not in ("full", "selective"):
             raise ValueError(f"{who}: --recompute-granularity must be full or selective, got {granularity!r}")
@@ -147,11 +178,55 @@ def from_megatron(argv, world_size: int) -> Translation:
     t.seed = take("--seed", lo=0)
     if t.seed is not None:
         t.notes.append(f"--seed {t.seed} -> --seed {t.seed} (minidist's weights and batches, not Megatron's)")
+    _megatron_loss_scale(t, take, who)
+    _megatron_deepspeed(t, take, world_size, who)
     for flag, value in flags.items():
         reason = next((why for prefixes, why in MEGATRON_IGNORED if flag.startswith(prefixes)),
                       "ignored: no minidist counterpart")
-        t.unsupported.append(f"{flag}{'' if value is None else ' ' + value}: {reason}")
+        t.refuse(flag, ("" if value is None else f"{value}: ") + reason)
     return finish_translation(t, who)
+
+
+def _megatron_loss_scale(t: Translation, take, who: str) -> None:
+    """fp16's loss scale: a static --loss-scale is refused; the dynamic one's start and window apply."""
+    static = take("--loss-scale", float, lo=0)
+    if static:
+        t.refuse("--loss-scale", f"{static:g} (a static scale): minidist's loss scale is dynamic (chapter 10)")
+    t.initial_loss_scale = take("--initial-loss-scale", float, lo=0)
+    t.loss_scale_window = take("--loss-scale-window")
+    for name in ("initial_loss_scale", "loss_scale_window"):
+        if getattr(t, name) is not None:
+            t.notes.append(f"--{name.replace('_', '-')} {getattr(t, name):g} -> --{name.replace('_', '-')}")
+    hysteresis = take("--hysteresis")
+    if hysteresis not in (None, 1):
+        t.refuse("--hysteresis", f"{hysteresis}: minidist's scaler halves at the first overflow (torch GradScaler's rule)")
+    floor = take("--min-loss-scale", float, lo=0)
+    if floor is not None:
+        t.refuse("--min-loss-scale", f"{floor:g}: minidist's dynamic scaler has no floor (torch GradScaler's rule)")
+
+
+def _megatron_deepspeed(t: Translation, take, world_size: int, who: str) -> None:
+    """Megatron-DeepSpeed: --zero-stage N, and the DeepSpeed config its launch scripts write inline."""
+    if take("--deepspeed", bool):
+        t.notes.append("--deepspeed: Megatron-DeepSpeed (its ZeRO and precision from --zero-stage and the config)")
+    stage = take("--zero-stage", lo=0)
+    if stage is not None:
+        if stage > 3:
+            raise ValueError(f"{who}: --zero-stage must be 0..3, got {stage}")
+        t.zero = max(t.zero, stage)
+        t.notes.append(f"--zero-stage {stage} (Megatron-DeepSpeed) -> --zero {stage}")
+    path = take("--deepspeed_config", str) or take("--deepspeed-config", str)
+    if path is None:
+        return
+    from minidist.frameworks.deepspeed import from_deepspeed
+    ds = from_deepspeed(path, world_size, pp=t.pp, tp=t.tp)
+    t.zero = max(t.zero, ds.zero)
+    if ds.precision != "fp32":
+        t.precision = ds.precision
+    for key, why in ds.refused.items():
+        t.refuse(f"--deepspeed_config {key}", why)
+    t.notes.append(f"--deepspeed_config {path}: ZeRO-{ds.zero}, {ds.precision} (its batch and optimizer keys: the "
+                   "flags' values win, as Megatron-DeepSpeed checks they agree)")
 
 
 def _megatron_model(t: Translation, take) -> None:
@@ -165,24 +240,24 @@ def _megatron_model(t: Translation, take) -> None:
     if positions is not None:
         t.block_size = t.block_size or positions
         if positions != t.block_size:
-            t.unsupported.append(f"--max-position-embeddings {positions}: minidist's position table has block_size "
+            t.refuse_line(f"--max-position-embeddings {positions}: minidist's position table has block_size "
                                  f"= {t.block_size} rows")
     padded, vocab = take("--padded-vocab-size"), take("--vocab-size")
     vocab = padded or vocab
     if vocab is not None:
         t.vocab_size = vocab
-        t.unsupported.append(f"vocab size {vocab}: reported, not applied: the demo's byte-level data has "
+        t.refuse_line(f"vocab size {vocab}: reported, not applied: the demo's byte-level data has "
                              f"{DEMO_VOCAB} symbols")
     ffn = take("--ffn-hidden-size")
     if ffn is not None and t.n_embd is not None and ffn != 4 * t.n_embd:
-        t.unsupported.append(f"--ffn-hidden-size {ffn}: minidist's MLP is 4 x n_embd = {4 * t.n_embd}")
+        t.refuse_line(f"--ffn-hidden-size {ffn}: minidist's MLP is 4 x n_embd = {4 * t.n_embd}")
     t.tie_weights = not take("--untie-embeddings-and-output-weights", bool)
     if not t.tie_weights:
         t.notes.append("--untie-embeddings-and-output-weights -> --untied (a separate LM head)")
     for flag in ("--hidden-dropout", "--attention-dropout"):
         value = take(flag, float, lo=0)
         if value:  # Megatron's default is 0.1, minidist's 0
-            t.unsupported.append(f"{flag} {value:g}: the demo has one --dropout for all (0 keeps parallel = serial)")
+            t.refuse_line(f"{flag} {value:g}: the demo has one --dropout for all (0 keeps parallel = serial)")
 
 
 def _megatron_virtual(t: Translation, take, who: str) -> None:
@@ -202,10 +277,14 @@ def _megatron_virtual(t: Translation, take, who: str) -> None:
         t.notes.append("pp > 1 without virtual stages: Megatron-LM's 1F1B -> --schedule 1f1b")
 
 
+MEGATRON_DEFAULTS = {"weight_decay": 0.01, "min_lr": 0.0, "clip": 1.0, "betas": (0.9, 0.999), "eps": 1e-8,
+                     "warmup": 0}  # megatron/training/arguments.py: what a line that leaves them out trains with
+
+
 def _megatron_optimizer(t: Translation, take) -> None:
     kind = take("--optimizer", str)
     if kind not in (None, "adam"):
-        t.unsupported.append(f"--optimizer {kind}: minidist has AdamW only; it trains with AdamW")
+        t.refuse_line(f"--optimizer {kind}: minidist has AdamW only; it trains with AdamW")
     for flag, name in (("--lr", "lr"), ("--min-lr", "min_lr"), ("--weight-decay", "weight_decay"),
                        ("--clip-grad", "clip")):
         value = take(flag, float, lo=0)
@@ -217,22 +296,28 @@ def _megatron_optimizer(t: Translation, take) -> None:
     if fraction is not None and (decay_iters or t.steps):
         t.warmup = round(fraction * (decay_iters or t.steps))
     elif fraction is not None:
-        t.unsupported.append(f"--lr-warmup-fraction {fraction:g}: a fraction of --train-iters, which is not given")
+        t.refuse_line(f"--lr-warmup-fraction {fraction:g}: a fraction of --train-iters, which is not given")
     if t.steps is not None:
         t.notes.append(f"--train-iters {t.steps} -> --steps {t.steps}")
     if t.warmup is not None:
         t.notes.append(f"warm-up {t.warmup} iterations -> warmup")
     if decay_iters is not None and decay_iters != t.steps:
-        t.unsupported.append(f"--lr-decay-iters {decay_iters}: minidist decays over all {t.steps} steps")
+        t.refuse_line(f"--lr-decay-iters {decay_iters}: minidist decays over all {t.steps} steps")
     style = take("--lr-decay-style", str)
-    if style == "constant" and t.lr is not None:
-        t.min_lr = t.lr
-        t.notes.append("--lr-decay-style constant -> min_lr = lr (minidist's cosine from lr to lr is constant)")
-    elif style == "cosine":
-        t.notes.append("--lr-decay-style cosine: minidist's schedule (linear warm-up, cosine decay)")
-    elif style is not None or t.lr is not None:
-        t.unsupported.append(f"--lr-decay-style {style or 'linear (Megatron-LM default)'}: minidist decays by cosine")
-    for flag, ours in (("--adam-beta1", BETAS[0]), ("--adam-beta2", BETAS[1]), ("--adam-eps", EPS)):
-        value = take(flag, float, lo=0)
-        if value is not None and value != ours:
-            t.unsupported.append(f"{flag} {value:g}: minidist's AdamW uses {ours:g}")
+    if style is None and t.lr is not None:
+        style = "linear"  # Megatron-LM's default
+        t.notes.append("no --lr-decay-style: Megatron-LM's default, linear -> --lr-decay linear")
+    if style in ("linear", "cosine", "constant"):
+        t.decay = style
+        t.notes.append(f"--lr-decay-style {style} -> --lr-decay {style}")
+    elif style is not None:
+        t.refuse("--lr-decay-style", f"{style}: minidist decays by cosine, linearly, or not at all")
+    betas = [take("--adam-beta1", float, lo=0), take("--adam-beta2", float, lo=0)]
+    if any(b is not None for b in betas):
+        t.betas = (betas[0] if betas[0] is not None else 0.9, betas[1] if betas[1] is not None else 0.999)
+        t.notes.append(f"--adam-beta1/2 -> betas {t.betas} (Megatron-LM's defaults 0.9, 0.999 where not given)")
+    t.eps = take("--adam-eps", float, lo=0)
+    for name, value in MEGATRON_DEFAULTS.items():  # the framework's defaults, not minidist's
+        if getattr(t, name) is None:
+            setattr(t, name, value)
+            t.notes.append(f"no --{name.replace('_', '-')}: Megatron-LM's default {value}")

@@ -11,8 +11,9 @@ from minidist.core.model import GPTConfig
 
 BETAS, EPS = (0.9, 0.95), 1e-8  # minidist's AdamW (train.make_optimizer)
 DEMO_VOCAB = 256                 # the demo's byte-level data
-LOW_PRECISION = ("minidist's loss scaler is torch GradScaler's with its defaults (initial 2^16, window 2000, no "
-                 "hysteresis) and fp8 runs on the MLP only, through minidist.precision.fp8 (chapter 10)")
+LOW_PRECISION = ("minidist's 16-bit training keeps fp32 masters and a dynamic loss scale (--initial-loss-scale, "
+                 "--loss-scale-window; no hysteresis, no floor: torch GradScaler's rule), fp8 on the MLP only "
+                 "(minidist.precision.fp8, chapter 10)")
 NO_RECOMPUTE = ("minidist recomputes each block (--recompute full, --segments runs of blocks) or attention's core "
                 "(--recompute selective), chosen by flag, not where the model's code calls a checkpoint (chapter 11)")
 
@@ -49,8 +50,52 @@ class Translation:
     block_size: int | None = None
     vocab_size: int | None = None
     tie_weights: bool | None = None
-    unsupported: list[str] = field(default_factory=list)
+    betas: tuple | None = None
+    eps: float | None = None
+    decay: str | None = None             # "cosine", "linear" or "constant" after warm-up
+    initial_loss_scale: float | None = None
+    loss_scale_window: int | None = None
+    applied: dict = field(default_factory=dict)   # config key -> {"value": as given, "flag": the demo's dest}
+    refused: dict = field(default_factory=dict)   # config key -> why minidist does not follow it
     notes: list[str] = field(default_factory=list)
+
+    # -- the ledger: every key of a config is applied or refused, never silently lost
+    def use(self, key: str, value, flag: str | None = None, note: str | None = None) -> None:
+        """`key` of the config is applied: its `value` reaches the run through the demo's `flag`
+        (None: it decides the layout or the batch split, no flag of its own)."""
+        self.applied[key] = {"value": value, "flag": flag}
+        self.refused.pop(key, None)
+        if note:
+            self.notes.append(note)
+
+    def refuse(self, key: str, why: str) -> None:
+        self.refused[key] = why
+        self.applied.pop(key, None)
+
+    def refuse_line(self, line: str) -> None:
+        """A refusal written as "key: why" (the key is everything before the first ': ')."""
+        key, _, why = line.partition(": ")
+        self.refuse(key, why)
+
+    @property
+    def unsupported(self) -> list[str]:
+        """The refusals as "key: why" lines."""
+        return [f"{key}: {why}" for key, why in self.refused.items()]
+
+    def covers(self, key: str) -> bool:
+        """Is `key` (a dotted path, or a flag) applied or refused, itself or through a block above it?"""
+        parts = key.split(".")
+        return any(".".join(parts[:i]) in self.applied or ".".join(parts[:i]) in self.refused
+                   for i in range(len(parts), 0, -1))
+
+    def report(self, args=None, given=frozenset()) -> dict:
+        """The demo's `--json` "framework_config": each applied key with the value the run used
+        (a command-line flag given as well wins: "overridden"), each refused key with its reason."""
+        applied = {}
+        for key, entry in self.applied.items():
+            used = getattr(args, entry["flag"], entry["value"]) if args is not None and entry["flag"] else entry["value"]
+            applied[key] = {**entry, "used": used, "overridden": entry["flag"] in given}
+        return {"source": self.source, "applied": applied, "refused": dict(self.refused), "notes": list(self.notes)}
 
     def demo_settings(self) -> dict:
         """The demo's argparse attributes this config decides (dest -> value)."""
@@ -68,11 +113,18 @@ class Translation:
             s["precision"] = self.precision
         if self.recompute is not None:
             s["recompute"] = self.recompute
-        for name in ("batch_size", "lr", "steps", "bucket_kb", "seed", "n_layer", "n_embd", "n_head", "block_size"):
+        for name in ("batch_size", "lr", "steps", "bucket_kb", "seed", "n_layer", "n_embd", "n_head", "block_size",
+                     "min_lr", "warmup", "weight_decay", "clip", "initial_loss_scale", "loss_scale_window"):
             if getattr(self, name) is not None:
                 s[name] = getattr(self, name)
         if self.tie_weights is not None:
             s["untied"] = not self.tie_weights
+        if self.betas is not None:
+            s["adam_beta1"], s["adam_beta2"] = self.betas
+        if self.eps is not None:
+            s["adam_eps"] = self.eps
+        if self.decay is not None:
+            s["lr_decay"] = self.decay
         return s
 
     def layout(self) -> Layout:
@@ -100,7 +152,7 @@ class Translation:
             if value is None or value is False or (dest == "accumulation" and value == 1):
                 continue
             flag = "--" + dest.replace("_", "-")
-            flags += [flag] if value is True else [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+            flags += [flag] if value is True else [flag, _number(value) if isinstance(value, float) else str(value)]
         return flags
 
     def apply(self, args, keep=frozenset()) -> None:
@@ -113,7 +165,8 @@ class Translation:
     def optim_settings(self):
         """minidist's OptimSettings with every value this config gives (the others: defaults)."""
         from minidist.training.train import OptimSettings
-        given = {k: getattr(self, k) for k in ("lr", "min_lr", "warmup", "steps", "weight_decay", "clip")}
+        given = {k: getattr(self, k) for k in ("lr", "min_lr", "warmup", "steps", "weight_decay", "clip", "betas",
+                                                "eps", "decay", "initial_loss_scale", "loss_scale_window")}
         return OptimSettings(**{k: v for k, v in given.items() if v is not None})
 
     def describe(self) -> str:
@@ -128,8 +181,7 @@ class Translation:
         optim = [f"{k} {getattr(self, k):g}" for k in ("lr", "min_lr", "warmup", "steps", "weight_decay", "clip")
                  if getattr(self, k) is not None]
         if optim:
-            lines.append("optimizer: AdamW betas (0.9, 0.95), " + ", ".join(optim)
-                         + " (the demo applies lr and steps; optim_settings() carries the rest)")
+            lines.append("optimizer: AdamW, " + ", ".join(optim) + " (all applied; a flag given as well wins)")
         lines.append(f"precision: {self.precision}" + ("" if self.precision == "fp32" else
                                                         " (16-bit compute, fp32 master weights: chapter 10)"))
         model = [f"{k} {getattr(self, k)}" for k in ("n_layer", "n_embd", "n_head", "block_size", "vocab_size",
@@ -141,6 +193,12 @@ class Translation:
     def command(self) -> str:
         launcher = f"mpirun -n {self.world_size} " if self.world_size > 1 else ""
         return launcher + " ".join(["python -m minidist.demo", *map(shlex.quote, self.demo_flags())])
+
+
+def _number(x: float) -> str:
+    """The shortest text that reads back as exactly `x` (3e-3, not 0.003000...)."""
+    short = f"{x:g}"
+    return short if float(short) == x else repr(x)
 
 
 def given_flags(parser: argparse.ArgumentParser, argv) -> set[str]:
@@ -196,6 +254,9 @@ def finish_translation(t: Translation, who: str) -> Translation:
     if t.zero and t.dp == 1:
         t.notes.append(f"ZeRO-{t.zero} over dp=1 has nothing to partition: minidist runs it as plain training")
         t.zero = 0
+        for key, entry in t.applied.items():
+            if entry["flag"] == "zero":
+                entry["flag"] = None
     if t.schedule == "interleaved" and t.pp == 1:
         raise ValueError(f"{who}: {t.virtual_stages} virtual pipeline stages need pp > 1, got pp={t.pp}")
     layout = t.layout()

@@ -283,7 +283,8 @@ class MeshZero1Trainer(MeshTrainer):
                              for u in self.units]
         self.optimizer = ShardedAdamW(self.units, [flat[u.lo:u.hi] for u, flat in zip(self.units, self.param_buffers)],
                                       self.grad_chunks, self.settings.weight_decay,
-                                      master_chunks(self.units, self.masters))  # 16-bit: fp32 masters (chapter 10)
+                                      master_chunks(self.units, self.masters),  # 16-bit: fp32 masters (chapter 10)
+                                      self.settings.betas, self.settings.eps)
         self.module = self.stage  # the module that runs (its generators are in the checkpoint)
 
     def accumulating(self):

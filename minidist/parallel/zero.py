@@ -102,7 +102,8 @@ class Zero1Trainer(Trainer):
             [float(np.sum(p.data, dtype=np.float64)) for p in model.parameters()]])
         params = self._shard_parameters(model)
         grads = self._shard_gradients(model)
-        self.optimizer = ShardedAdamW(self.units, params, grads, settings.weight_decay, master_chunks(self.units, masters))
+        self.optimizer = ShardedAdamW(self.units, params, grads, settings.weight_decay, master_chunks(self.units, masters),
+                                      settings.betas, settings.eps)
 
     def build_model(self, config: GPTConfig, seed: int):
         """The module each rank runs: the whole GPT (a DP x TP mesh gives each its tp shard)."""

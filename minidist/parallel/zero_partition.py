@@ -137,9 +137,9 @@ class ShardedAdamW:
     """
 
     def __init__(self, units: list[FlatUnit], params: list, grads: list, weight_decay: float,
-                 masters: list | None = None):
+                 masters: list | None = None, betas=BETAS, eps: float = EPS):
         self.units, self.params, self.grads, self.masters = units, params, grads, masters
-        self.weight_decay = weight_decay
+        self.weight_decay, self.betas, self.eps = weight_decay, tuple(betas), eps
         self.segments = [u.decay_segments() for u in units]
         updated = masters if masters is not None else params
         self.exp_avg = [np.zeros_like(p) for p in updated]
@@ -180,7 +180,7 @@ class ShardedAdamW:
         for u in range(len(self.units)):
             p, g, m, v = updated[u], grads[u], self.exp_avg[u], self.exp_avg_sq[u]
             for a, b, decay in self.segments[u]:
-                adamw_update(p[a:b], g[a:b], m[a:b], v[a:b], self.step_count, lr, BETAS, EPS,
+                adamw_update(p[a:b], g[a:b], m[a:b], v[a:b], self.step_count, lr, self.betas, self.eps,
                              self.weight_decay if decay else 0.0)
             if self.masters is not None:
                 self.params[u][...] = p  # the master, rounded to the 16-bit chunk

@@ -49,8 +49,14 @@ from minidist.training.train import OptimSettings, SerialTrainer
 
 
 def optim_settings(args) -> OptimSettings:
-    """The optimizer's schedule and the loss scaler's settings from the demo's flags."""
-    return OptimSettings(lr=args.lr, steps=args.steps, warmup=min(10, args.steps // 10), min_lr=args.lr / 10,
+    """The optimizer's schedule and the loss scaler's settings from the demo's flags (a framework
+    config has set them first where it gives them, chapter 9)."""
+    warmup, min_lr = getattr(args, "warmup", None), getattr(args, "min_lr", None)
+    return OptimSettings(lr=args.lr, steps=args.steps, warmup=min(10, args.steps // 10) if warmup is None else warmup,
+                         min_lr=args.lr / 10 if min_lr is None else min_lr,
+                         weight_decay=getattr(args, "weight_decay", 0.1), clip=getattr(args, "clip", 1.0),
+                         betas=(getattr(args, "adam_beta1", 0.9), getattr(args, "adam_beta2", 0.95)),
+                         eps=getattr(args, "adam_eps", 1e-8), decay=getattr(args, "lr_decay", "cosine"),
                          initial_loss_scale=getattr(args, "initial_loss_scale", 2.0**16),
                          loss_scale_window=getattr(args, "loss_scale_window", 2000))
 

@@ -35,9 +35,12 @@ class OptimSettings:
     clip: float = 1.0  # max global gradient norm; 0 turns clipping off
     initial_loss_scale: float = 2.0**16  # fp16's dynamic loss scale (chapter 10): where it starts,
     loss_scale_window: int = 2000        # and how many clean steps it waits before it doubles
+    betas: tuple = (0.9, 0.95)           # AdamW's moment decays (GPT-3's, Megatron-LM's usual)
+    eps: float = 1e-8
+    decay: str = "cosine"                # after warm-up: "cosine", "linear" or "constant" to min_lr
 
     def lr_at(self, step: int) -> float:
-        return lr_at(step, self.lr, self.warmup, self.steps, self.min_lr)
+        return lr_at(step, self.lr, self.warmup, self.steps, self.min_lr, self.decay)
 
 
 def make_optimizer(model, settings: OptimSettings, masters: dict | None = None) -> AdamW:
@@ -45,8 +48,8 @@ def make_optimizer(model, settings: OptimSettings, masters: dict | None = None) 
     `mixed_precision.to_low_precision`), the mixed-precision AdamW that updates them (chapter 10)."""
     groups = weight_decay_groups(model, settings.weight_decay)
     if masters is not None:
-        return MixedPrecisionAdamW(groups, masters, lr=settings.lr, betas=(0.9, 0.95))
-    return AdamW(groups, lr=settings.lr, betas=(0.9, 0.95))
+        return MixedPrecisionAdamW(groups, masters, lr=settings.lr, betas=tuple(settings.betas), eps=settings.eps)
+    return AdamW(groups, lr=settings.lr, betas=tuple(settings.betas), eps=settings.eps)
 
 
 def make_scaler(precision: str, settings: OptimSettings | None = None) -> DynamicLossScaler:
