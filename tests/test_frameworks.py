@@ -318,3 +318,111 @@ def test_cli_runs_as_a_module():
     assert proc.returncode == 0, proc.stderr
     assert "mpirun -n 2 python -m minidist.demo --dp 2 --zero 3 --precision fp16 --batch-size 4 --lr 0.001 --steps 100" in proc.stdout
     assert proc.stderr == ""
+
+
+# ----------------------------------------------------------------------------- read faithfully
+
+
+def test_every_key_is_applied_or_refused_never_both():
+    t = fw.from_deepspeed(ZERO3, world_size=2)
+    assert not set(t.applied) & set(t.refused)
+    for key in ("train_micro_batch_size_per_gpu", "fp16.loss_scale_window", "optimizer.params.betas",
+                "scheduler.params.total_num_steps", "zero_optimization.stage"):
+        assert key in t.applied, key
+    assert t.covers("activation_checkpointing.partition_activations")  # refused as a block
+    assert not t.covers("no_such_key")
+
+
+def test_hugging_face_auto_is_filled_as_its_trainer_fills_it():
+    template = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+                "gradient_clipping": "auto", "bf16": {"enabled": "auto"},
+                "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
+                                                          "weight_decay": "auto"}},
+                "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+                                                                  "warmup_num_steps": "auto", "total_num_steps": "auto"}},
+                "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+                                      "stage3_param_persistence_threshold": "auto"}}
+    settings = {"batch_size": 16, "lr": 2e-4, "steps": 50, "n_embd": 64, "precision": "bf16"}
+    t = fw.from_deepspeed(template, world_size=4, settings=settings)
+    assert (t.batch_size, t.micro_batch_size, t.accumulation) == (16, 4, 1)
+    assert (t.lr, t.steps, t.warmup, t.weight_decay, t.clip) == (2e-4, 50, 0, 0.0, 1.0)  # HF's defaults
+    assert t.betas == (0.9, 0.999) and t.eps == 1e-8 and t.precision == "bf16"
+    filled, _ = fw.deepspeed.resolve_auto(template, 4, settings)
+    zero = filled["zero_optimization"]
+    assert (zero["reduce_bucket_size"], zero["stage3_prefetch_bucket_size"],
+            zero["stage3_param_persistence_threshold"]) == (64 * 64, int(0.9 * 64 * 64), 640)
+    assert all(t.covers(k) for k in ("zero_optimization.reduce_bucket_size", "bf16.enabled"))
+    unfilled = fw.from_deepspeed({"train_batch_size": 8, "optimizer": {"type": "AdamW", "params": {"lr": "auto"}}}, 2)
+    assert "optimizer.params.lr" in unfilled.refused and "'auto'" in unfilled.refused["optimizer.params.lr"]
+
+
+def test_loss_scale_settings_are_applied_and_static_scales_refused():
+    t = fw.from_deepspeed({"train_batch_size": 8, "fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 12,
+                                                           "loss_scale_window": 500, "hysteresis": 1}}, 2)
+    assert (t.initial_loss_scale, t.loss_scale_window) == (4096.0, 500) and not t.refused
+    flags = t.demo_flags()
+    assert flags[flags.index("--initial-loss-scale") + 1] == "4096" and "--loss-scale-window" in flags
+    static = fw.from_deepspeed({"train_batch_size": 8, "fp16": {"enabled": True, "loss_scale": 128}}, 2)
+    assert "static" in static.refused["fp16.loss_scale"]
+    m = fw.from_megatron("--micro-batch-size 1 --fp16 --initial-loss-scale 1024 --loss-scale-window 100 "
+                         "--hysteresis 2 --min-loss-scale 1", 1)
+    assert (m.initial_loss_scale, m.loss_scale_window) == (1024, 100)
+    assert set(m.refused) == {"--hysteresis", "--min-loss-scale"}
+
+
+def test_older_megatron_spellings_and_megatron_deepspeed(tmp_path):
+    old = fw.from_megatron("--micro-batch-size 1 --num-layers 4 --checkpoint-activations "
+                           "--activations-checkpoint-method uniform --activations-checkpoint-num-layers 1", 1)
+    assert old.recompute == "full" and not old.refused
+    blocks = fw.from_megatron("--micro-batch-size 1 --num-layers 4 --recompute-granularity full "
+                              "--recompute-method block --recompute-num-layers 2", 1)
+    assert blocks.recompute == "full" and "--recompute-method" in blocks.refused
+    ds = tmp_path / "ds.json"
+    ds.write_text('{"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true}, "zero_optimization": {"stage": 1}}')
+    t = fw.from_megatron(f"--micro-batch-size 1 --deepspeed --deepspeed_config {ds} --zero-stage 1", 2)
+    assert (t.zero, t.precision, t.dp) == (1, "bf16", 2) and not t.refused
+
+
+def test_offload_to_none_is_no_offload_and_defaults_are_the_frameworks():
+    t = fw.from_deepspeed({"train_batch_size": 8, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "none"}}},
+                          2)
+    assert "zero_optimization.offload_optimizer" in t.applied and t.clip == 0.0  # DeepSpeed clips only if asked
+    m = fw.from_megatron("--micro-batch-size 1 --lr 1e-4", 1)
+    assert (m.weight_decay, m.betas, m.decay, m.min_lr) == (0.01, (0.9, 0.999), "linear", 0.0)  # Megatron's defaults
+
+
+@pytest.mark.parametrize("decay", ["cosine", "linear", "constant"])
+def test_decay_styles_reach_the_schedule(decay):
+    from minidist.training.train import OptimSettings
+    s = OptimSettings(lr=1.0, min_lr=0.0, warmup=0, steps=10, decay=decay)
+    middle = {"cosine": 0.5, "linear": 0.5, "constant": 1.0}[decay]
+    assert s.lr_at(5) == pytest.approx(middle) and s.lr_at(2) == pytest.approx(
+        {"cosine": 0.5 * (1 + __import__("math").cos(0.2 * __import__("math").pi)), "linear": 0.8, "constant": 1.0}[decay])
+
+
+def test_the_demo_trains_with_the_configs_optimizer_settings(tmp_path):
+    """DeepSpeed's weight_decay 3e-7 trains exactly as --weight-decay 3e-7 (with DeepSpeed's own
+    defaults where the config is silent: betas (0.9, 0.999), no clipping)."""
+    import json
+
+    import numpy as np
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"train_batch_size": 8, "optimizer": {"type": "AdamW", "params": {
+        "lr": 0.01, "weight_decay": 3e-7}}}))
+    small = ["--n-layer", "1", "--n-embd", "16", "--n-head", "2", "--block-size", "16", "--steps", "2",
+             "--dtype", "float64", "--log-every", "-1"]
+    runs = {}
+    for name, flags in (("config", ["--deepspeed-config", str(config)]),
+                        ("flags", ["--batch-size", "8", "--lr", "0.01", "--weight-decay", "3e-7", "--adam-beta2", "0.999",
+                                   "--clip", "0"])):
+        out = tmp_path / f"{name}.json"
+        proc = subprocess.run([sys.executable, "-m", "minidist.demo", *flags, *small, "--json", str(out),
+                               "--save", str(tmp_path / f"{name}.npz")], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        runs[name] = (json.loads(out.read_text()), dict(np.load(tmp_path / f"{name}.npz")))
+    report = runs["config"][0]
+    assert report["optimizer"]["weight_decay"] == 3e-7 and report["optimizer"]["betas"] == [0.9, 0.999]
+    assert report["framework_config"]["applied"]["optimizer.params.weight_decay"]["used"] == 3e-7
+    for name, value in runs["flags"][1].items():
+        assert np.array_equal(runs["config"][1][name], value), name
