@@ -218,7 +218,7 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     framework_config = None
-    if args.deepspeed_config is not None or args.megatron_args is not None:
+    if any(getattr(args, dest) is not None for dest in ("deepspeed_config", "megatron_args", "torchtitan_config")):
         framework_config = translate(parser, args, argv, world)
     if args.layout is not None:
         try:

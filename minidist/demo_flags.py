@@ -4,7 +4,7 @@ rank before any message (chapter 2's rule: a user's mistake fails in one line be
 `build_parser` is the contract users, notebooks and checks rely on (extend it, never rename a
 flag); `check_args` turns the flags into the model, the task and the `Layout` (`training/layout.py`'s one
 rule judges it), or None for the tour; `--layout NAME` and the framework configs
-(`--deepspeed-config`, `--megatron-args`, chapter 9) become flags first.
+(`--deepspeed-config`, `--megatron-args`, `--torchtitan-config`, chapter 9) become flags first.
 """
 from __future__ import annotations
 
@@ -116,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "DeepSpeed sets in code")
     p.add_argument("--megatron-args", metavar="ARGS",
                    help="train the layout of a Megatron-LM argument line, in quotes (chapter 9)")
+    p.add_argument("--torchtitan-config", metavar="PATH",
+                   help="train the layout of a torchtitan TOML job config (chapter 9); --n-layer/--n-embd/--n-head "
+                        "set the model its flavor names")
     return p
 
 
@@ -192,21 +195,31 @@ AUTO_FILLERS = ("lr", "warmup", "weight_decay", "clip", "adam_beta1", "adam_beta
                 "accumulation")  # Hugging Face's "auto" takes these from the command line when given
 
 
+CONFIG_FLAGS = {"--deepspeed-config": "deepspeed_config", "--megatron-args": "megatron_args",
+                "--torchtitan-config": "torchtitan_config"}  # one framework config at a time (chapter 9)
+
+
 def translate(parser, args, argv, world) -> dict:
-    """--deepspeed-config / --megatron-args: the config's layout and settings become the flags
-    (chapter 9); a flag given on the command line as well wins (e.g. --n-embd 32 to run a big model
-    small). Prints the translation, what is refused and why, and the values the run will use;
+    """--deepspeed-config / --megatron-args / --torchtitan-config: the config's layout and settings
+    become the flags (chapter 9); a flag given on the command line as well wins (e.g. --n-embd 32 to
+    run a big model small). Prints the translation, what is refused and why, and the values the run will use;
     returns the `--json` "framework_config" (every key applied, with the value used, or refused)."""
-    if args.deepspeed_config is not None and args.megatron_args is not None:
-        faults.fail("give --deepspeed-config or --megatron-args, not both")
-    flag = "--deepspeed-config" if args.deepspeed_config is not None else "--megatron-args"
+    configs = [flag for flag, dest in CONFIG_FLAGS.items() if getattr(args, dest) is not None]
+    if len(configs) > 1:
+        faults.fail(f"give one framework config, not {' and '.join(configs)}")
+    flag = configs[0]
     given = frameworks.given_flags(parser, argv)
     try:
         if args.deepspeed_config is not None:
+            # the command line's flags fill "auto" as the Trainer's arguments do; the rest take the Trainer's defaults
             fill = {name: getattr(args, name) for name in AUTO_FILLERS if name in given}
             fill.update(batch_size=args.batch_size, n_embd=args.n_embd, steps=args.steps or 300)
             translation = frameworks.from_deepspeed(args.deepspeed_config, world.size, pp=args.pp or 1,
                                                     tp=args.tp or 1, settings=fill)
+        elif args.torchtitan_config is not None:
+            model = {name: getattr(args, name) for name in ("n_layer", "n_embd", "n_head", "block_size")
+                     if name in given}  # the model the run trains: torchtitan's flavor names one minidist lacks
+            translation = frameworks.from_torchtitan(args.torchtitan_config, world.size, settings=model)
         else:
             translation = frameworks.from_megatron(args.megatron_args, world.size)
     except ValueError as error:

@@ -86,6 +86,8 @@ CASES = [  # (program, flag, arguments, ranks)
     (DEMO, "--ep", ["--ep", "2"], 1),
     (DEMO, "--deepspeed-config", ["--deepspeed-config", "no/such.json"], 1),
     (DEMO, "--megatron-args", ["--megatron-args=--tensor-model-parallel-size 3"], 1),
+    (DEMO, "--torchtitan-config", ["--torchtitan-config", "no/such.toml"], 1),
+    (DEMO, "--torchtitan-config", ["--torchtitan-config", "empty.txt", "--megatron-args=--seed 1"], 1),  # one config
     (MEMORY, "--params", ["--params", "1e30"], 1),
     (MEMORY, "--params", ["--params", "1e400"], 1),
     (MEMORY, "--params", ["--params", "abc"], 1),

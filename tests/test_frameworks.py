@@ -89,7 +89,7 @@ def test_megatron_reads_a_pasted_launch_line_and_a_list():
             " --micro-batch-size=4 --global-batch-size 32 --vocab-size 50257 --untie-embeddings-and-output-weights")
     t = fw.from_megatron(line, world_size=4)
     assert (t.tp, t.dp, t.accumulation, t.microbatches, t.tie_weights, t.vocab_size) == (2, 2, 4, 1, False, 50257)
-    assert listed(t, "vocab size 50257: reported, not applied")
+    assert listed(t, "--vocab-size: 50257: reported, not applied")
     assert "--untied" in t.demo_flags() and "--accumulation" in t.demo_flags()
     same = fw.from_megatron(["--tensor-model-parallel-size", "2", "--micro-batch-size", "4",
                              "--global-batch-size", "32", "--vocab-size", "50257",
@@ -192,13 +192,16 @@ def test_megatron_sequence_parallel_needs_tp_and_fsdp_is_zero3():
     assert t.zero == 2
 
 
-def test_megatron_context_parallel_ranks_join_dp_and_experts_are_listed():
+def test_megatron_context_parallel_is_cp_and_experts_are_listed():
     t = fw.from_megatron("--context-parallel-size 2 --micro-batch-size 1 --num-experts 8 "
-                         "--expert-model-parallel-size 2 --recompute-activations", world_size=4)
-    assert t.dp == 4 and listed(t, "--context-parallel-size 2") and "(dp 2 -> 4)" in t.unsupported[0]
+                         "--expert-model-parallel-size 2", world_size=4)
+    assert (t.cp, t.dp) == (2, 2) and "--context-parallel-size" in t.applied and "--cp" in t.demo_flags()
     assert listed(t, "--num-experts: 8: minidist's mixture of experts")
     assert listed(t, "--expert-model-parallel-size: 2: minidist's mixture of experts")
-    assert t.recompute == "selective" and "--recompute" in t.demo_flags()  # Megatron's switch for selective
+    selective = fw.from_megatron("--micro-batch-size 1 --recompute-activations", world_size=2)
+    assert selective.recompute == "selective" and "--recompute" in selective.demo_flags()  # Megatron's older switch
+    with pytest.raises(ValueError, match="--recompute selective is not built for the dp2-cp2"):
+        fw.from_megatron("--context-parallel-size 2 --micro-batch-size 1 --recompute-activations", world_size=4)
 
 
 def test_unknown_keys_are_listed_not_errors():
@@ -352,8 +355,8 @@ def test_hugging_face_auto_is_filled_as_its_trainer_fills_it():
     assert (zero["reduce_bucket_size"], zero["stage3_prefetch_bucket_size"],
             zero["stage3_param_persistence_threshold"]) == (64 * 64, int(0.9 * 64 * 64), 640)
     assert all(t.covers(k) for k in ("zero_optimization.reduce_bucket_size", "bf16.enabled"))
-    unfilled = fw.from_deepspeed({"train_batch_size": 8, "optimizer": {"type": "AdamW", "params": {"lr": "auto"}}}, 2)
-    assert "optimizer.params.lr" in unfilled.refused and "'auto'" in unfilled.refused["optimizer.params.lr"]
+    trainer_default = fw.from_deepspeed({"train_batch_size": 8, "optimizer": {"type": "AdamW", "params": {"lr": "auto"}}}, 2)
+    assert trainer_default.lr == 5e-5  # no --lr: the Trainer's default learning_rate
 
 
 def test_loss_scale_settings_are_applied_and_static_scales_refused():

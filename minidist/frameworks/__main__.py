@@ -1,11 +1,11 @@
-"""`python -m minidist.frameworks deepspeed|megatron ...`: print what a config means here (chapter 9)."""
+"""`python -m minidist.frameworks deepspeed|megatron|torchtitan ...`: print what a config means here (chapter 9)."""
 from __future__ import annotations
 
 import sys
 
 from minidist import cli
 from minidist import frameworks
-from minidist.frameworks import from_deepspeed, from_megatron, words
+from minidist.frameworks import from_deepspeed, from_megatron, from_torchtitan, words
 
 
 # ----------------------------------------------------------------------------- the command line
@@ -23,12 +23,21 @@ def main(argv=None) -> int:
     ds.add_argument("--tp", type=cli.integer(1), default=1, help="tensor-parallel degree (Megatron-DeepSpeed)")
     mg = sub.add_parser("megatron", help="a Megatron-LM argument line, after -- (or in --file)")
     mg.add_argument("--file", help="a file holding the argument line (a launch script's arguments)")
-    for p in (ds, mg):
+    tt = sub.add_parser("torchtitan", help="a torchtitan TOML job config")
+    tt.add_argument("config", help="path of the TOML config (e.g. torchtitan's train_configs/llama3_8b.toml)")
+    for flag in ("--n-layer", "--n-embd", "--n-head", "--block-size"):
+        tt.add_argument(flag, type=cli.integer(1), help="the model minidist runs (torchtitan names its model by "
+                                                        "flavor): as the demo's flag")
+    for p in (ds, mg, tt):
         p.add_argument("--world", type=cli.integer(1), required=True, help="number of ranks (mpirun -n)")
     args = parser.parse_args(argv)
     try:
         if args.framework == "deepspeed":
             t = from_deepspeed(args.config, args.world, pp=args.pp, tp=args.tp)
+        elif args.framework == "torchtitan":
+            model = {name: getattr(args, name) for name in ("n_layer", "n_embd", "n_head", "block_size")
+                     if getattr(args, name) is not None}
+            t = from_torchtitan(args.config, args.world, settings=model)
         else:
             if args.file is None and not extra:
                 raise ValueError("megatron: give the arguments after -- or in --file PATH")

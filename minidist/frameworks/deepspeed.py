@@ -39,7 +39,8 @@ ZERO_REASONS = {
     "round_robin_gradients": "minidist's ZeRO-2 reduce-scatters each unit as its gradients are ready",
 }
 OFFLOAD = "minidist keeps every state in host memory already: there is no device memory to offload from"
-HF_DEFAULTS = {"betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0, "max_grad_norm": 1.0, "warmup": 0}
+HF_DEFAULTS = {"lr": 5e-5, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0, "max_grad_norm": 1.0,
+               "warmup": 0}  # transformers' TrainingArguments defaults
 
 
 def resolve_auto(config: dict, world_size: int, settings: dict | None = None) -> tuple[dict, dict]:
@@ -64,14 +65,13 @@ def resolve_auto(config: dict, world_size: int, settings: dict | None = None) ->
     rules = {  # path -> the value the Trainer puts there
         "train_batch_size": batch, "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": accumulation,
         "gradient_clipping": s.get("clip", HF_DEFAULTS["max_grad_norm"]),
-        "optimizer.params.lr": s.get("lr"), "optimizer.params.betas": betas,
+        "optimizer.params.lr": s.get("lr", HF_DEFAULTS["lr"]), "optimizer.params.betas": betas,
         "optimizer.params.eps": s.get("adam_eps", HF_DEFAULTS["eps"]),
         "optimizer.params.weight_decay": s.get("weight_decay", HF_DEFAULTS["weight_decay"]),
-        "scheduler.params.warmup_min_lr": 0, "scheduler.params.warmup_max_lr": s.get("lr"),
+        "scheduler.params.warmup_min_lr": 0, "scheduler.params.warmup_max_lr": s.get("lr", HF_DEFAULTS["lr"]),
         "scheduler.params.warmup_num_steps": s.get("warmup", HF_DEFAULTS["warmup"]),
         "scheduler.params.total_num_steps": s.get("steps"),
-        "fp16.enabled": s.get("precision") == "fp16" if "precision" in s else None,
-        "bf16.enabled": s.get("precision") == "bf16" if "precision" in s else None,
+        "fp16.enabled": s.get("precision") == "fp16", "bf16.enabled": s.get("precision") == "bf16",
         "zero_optimization.reduce_bucket_size": n_embd * n_embd if n_embd else None,
         "zero_optimization.stage3_prefetch_bucket_size": int(0.9 * n_embd * n_embd) if n_embd else None,
         "zero_optimization.stage3_param_persistence_threshold": 10 * n_embd if n_embd else None,
@@ -120,6 +120,9 @@ def from_deepspeed(config, world_size: int, pp: int = 1, tp: int = 1, settings: 
     data, filled = resolve_auto(_read_json(config), world_size, settings)
     rest = dict(data)
     t = Translation("DeepSpeed", world_size, tp=tp, pp=pp)
+    for name in ("n_layer", "n_embd", "n_head", "block_size"):  # the model is built in code: the caller's
+        if settings and settings.get(name) is not None:
+            setattr(t, name, settings[name])
     t.dp = data_parallel_size(world_size, tp, pp, who)
     for path, value in filled.items():
         t.notes.append(f'{path} "auto" -> {value} (as Hugging Face\'s Trainer fills it)')
@@ -293,11 +296,14 @@ def _ds_optimizer(t: Translation, optimizer, who: str) -> None:
     kind, params = optimizer.pop("type", None), _block(who, "optimizer.params", optimizer.pop("params", None))
     if str(kind).lower() not in ("adam", "adamw", "fusedadam", "cpuadam"):
         t.refuse("optimizer.type", f"{kind}: minidist has AdamW only (optim.py); it trains with AdamW")
-    elif params.pop("adam_w_mode", True) is False:
+    elif params.get("adam_w_mode", True) is False:
+        params.pop("adam_w_mode")
         t.refuse("optimizer.params.adam_w_mode", "false (Adam with L2 in the gradient): minidist's AdamW decays the "
                                                  "weights directly")
     else:
         t.use("optimizer.type", kind, None, f"optimizer.type {kind}: AdamW")
+        if "adam_w_mode" in params:
+            t.use("optimizer.params.adam_w_mode", params.pop("adam_w_mode"), None)
     if "torch_adam" in params:  # which kernel runs, not what it computes
         t.use("optimizer.params.torch_adam", params.pop("torch_adam"), None)
     for key, name, flag, check in (("lr", "lr", "lr", dict(lo_open=True)),
@@ -341,6 +347,10 @@ def _ds_scheduler(t: Translation, scheduler, who: str) -> None:
         t.refuse("scheduler", f"type {kind}: minidist warms up linearly, then decays by cosine, linearly or not at all")
         return
     where = f"{who}: scheduler.params"
+    for key in [k for k, v in p.items() if v == "auto"]:  # what the Trainer would fill and nothing here could
+        p.pop(key)
+        t.refuse(f"scheduler.params.{key}", "'auto' is filled in by the Hugging Face Trainer: give the demo's flag "
+                                            "(--lr, --warmup, --steps) or a number")
     t.use("scheduler.type", kind, "lr_decay")
     t.decay = {"WarmupLR": "constant", "WarmupDecayLR": "linear", "WarmupCosineLR": "cosine"}[kind]
     if "warmup_num_steps" in p:

@@ -109,12 +109,11 @@ def from_megatron(argv, world_size: int) -> Translation:
             raise ValueError(f"{who}: {flag}: {error}") from None
 
     t.tp, t.pp = take("--tensor-model-parallel-size", default=1), take("--pipeline-model-parallel-size", default=1)
-    cp = take("--context-parallel-size", default=1)
-    data_parallel_size(world_size, t.tp * cp, t.pp, who)  # Megatron's own rule first
-    t.dp = data_parallel_size(world_size, t.tp, t.pp, who)
-    if cp > 1:
-        t.refuse_line(f"--context-parallel-size {cp}: minidist's context parallelism (--cp, chapter 11) does "
-                             f"not combine with tp or pp; its ranks join data parallelism (dp {t.dp // cp} -> {t.dp})")
+    t.cp = take("--context-parallel-size", default=1)
+    t.dp = data_parallel_size(world_size, t.tp * t.cp, t.pp, who)  # Megatron's rule: dp = world / (tp cp pp)
+    if t.cp > 1:
+        t.notes.append(f"--context-parallel-size {t.cp} -> --cp {t.cp} (each sequence split over {t.cp} ranks, "
+                       "chapter 11; the mesh's dp x cp group averages the gradients)")
     micro = take("--micro-batch-size")
     if micro is None:
         raise ValueError(f"{who}: --micro-batch-size is required (Megatron-LM asserts it)")
@@ -219,10 +218,20 @@ def _megatron_deepspeed(t: Translation, take, world_size: int, who: str) -> None
     if path is None:
         return
     from minidist.frameworks.deepspeed import from_deepspeed
-    ds = from_deepspeed(path, world_size, pp=t.pp, tp=t.tp)
+    model = {k: getattr(t, k) for k in ("n_layer", "n_embd", "n_head", "block_size") if getattr(t, k) is not None}
+    ds = from_deepspeed(path, world_size, pp=t.pp, tp=t.tp, settings=model)
     t.zero = max(t.zero, ds.zero)
     if ds.precision != "fp32":
         t.precision = ds.precision
+    # under --deepspeed the DeepSpeed engine clips and scales the loss, from its JSON (Megatron-DeepSpeed's
+    # get_megatron_optimizer hands it the bare AdamW): the JSON's values win over the flags'
+    if "--clip-grad" in t.applied and ds.clip != t.clip:
+        t.refuse("--clip-grad", f"{t.clip:g}: under --deepspeed the DeepSpeed config's gradient_clipping ({ds.clip:g}) "
+                                "clips")
+    t.clip = ds.clip
+    for name in ("initial_loss_scale", "loss_scale_window"):
+        if getattr(ds, name) is not None:
+            setattr(t, name, getattr(ds, name))
     for key, why in ds.refused.items():
         t.refuse(f"--deepspeed_config {key}", why)
     t.notes.append(f"--deepspeed_config {path}: ZeRO-{ds.zero}, {ds.precision} (its batch and optimizer keys: the "
@@ -240,24 +249,24 @@ def _megatron_model(t: Translation, take) -> None:
     if positions is not None:
         t.block_size = t.block_size or positions
         if positions != t.block_size:
-            t.refuse_line(f"--max-position-embeddings {positions}: minidist's position table has block_size "
+            t.refuse("--max-position-embeddings", f"{positions}: minidist's position table has block_size "
                                  f"= {t.block_size} rows")
     padded, vocab = take("--padded-vocab-size"), take("--vocab-size")
     vocab = padded or vocab
     if vocab is not None:
         t.vocab_size = vocab
-        t.refuse_line(f"vocab size {vocab}: reported, not applied: the demo's byte-level data has "
+        t.refuse("--padded-vocab-size" if padded else "--vocab-size", f"{vocab}: reported, not applied: the demo's byte-level data has "
                              f"{DEMO_VOCAB} symbols")
     ffn = take("--ffn-hidden-size")
     if ffn is not None and t.n_embd is not None and ffn != 4 * t.n_embd:
-        t.refuse_line(f"--ffn-hidden-size {ffn}: minidist's MLP is 4 x n_embd = {4 * t.n_embd}")
+        t.refuse("--ffn-hidden-size", f"{ffn}: minidist's MLP is 4 x n_embd = {4 * t.n_embd}")
     t.tie_weights = not take("--untie-embeddings-and-output-weights", bool)
     if not t.tie_weights:
         t.notes.append("--untie-embeddings-and-output-weights -> --untied (a separate LM head)")
     for flag in ("--hidden-dropout", "--attention-dropout"):
         value = take(flag, float, lo=0)
         if value:  # Megatron's default is 0.1, minidist's 0
-            t.refuse_line(f"{flag} {value:g}: the demo has one --dropout for all (0 keeps parallel = serial)")
+            t.refuse(flag, f"{value:g}: the demo has one --dropout for all (0 keeps parallel = serial)")
 
 
 def _megatron_virtual(t: Translation, take, who: str) -> None:
@@ -284,7 +293,7 @@ MEGATRON_DEFAULTS = {"weight_decay": 0.01, "min_lr": 0.0, "clip": 1.0, "betas": 
 def _megatron_optimizer(t: Translation, take) -> None:
     kind = take("--optimizer", str)
     if kind not in (None, "adam"):
-        t.refuse_line(f"--optimizer {kind}: minidist has AdamW only; it trains with AdamW")
+        t.refuse("--optimizer", f"{kind}: minidist has AdamW only; it trains with AdamW")
     for flag, name in (("--lr", "lr"), ("--min-lr", "min_lr"), ("--weight-decay", "weight_decay"),
                        ("--clip-grad", "clip")):
         value = take(flag, float, lo=0)
@@ -296,13 +305,13 @@ def _megatron_optimizer(t: Translation, take) -> None:
     if fraction is not None and (decay_iters or t.steps):
         t.warmup = round(fraction * (decay_iters or t.steps))
     elif fraction is not None:
-        t.refuse_line(f"--lr-warmup-fraction {fraction:g}: a fraction of --train-iters, which is not given")
+        t.refuse("--lr-warmup-fraction", f"{fraction:g}: a fraction of --train-iters, which is not given")
     if t.steps is not None:
         t.notes.append(f"--train-iters {t.steps} -> --steps {t.steps}")
     if t.warmup is not None:
         t.notes.append(f"warm-up {t.warmup} iterations -> warmup")
     if decay_iters is not None and decay_iters != t.steps:
-        t.refuse_line(f"--lr-decay-iters {decay_iters}: minidist decays over all {t.steps} steps")
+        t.refuse("--lr-decay-iters", f"{decay_iters}: minidist decays over all {t.steps} steps")
     style = take("--lr-decay-style", str)
     if style is None and t.lr is not None:
         style = "linear"  # Megatron-LM's default

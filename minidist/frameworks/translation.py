@@ -21,11 +21,12 @@ NO_RECOMPUTE = ("minidist recomputes each block (--recompute full, --segments ru
 @dataclass
 class Translation:
     """A framework's config as a minidist layout. Fields left None were not given."""
-    source: str                          # "DeepSpeed" or "Megatron-LM"
+    source: str                          # "DeepSpeed", "Megatron-LM" or "torchtitan"
     world_size: int
     dp: int = 1
     tp: int = 1
     pp: int = 1
+    cp: int = 1                          # context parallelism: each sequence split over cp ranks (chapter 11)
     zero: int = 0
     batch_size: int | None = None        # global: sequences per optimizer step
     micro_batch_size: int | None = None  # per rank and micro-step
@@ -99,7 +100,7 @@ class Translation:
 
     def demo_settings(self) -> dict:
         """The demo's argparse attributes this config decides (dest -> value)."""
-        s = {axis: (getattr(self, axis) if getattr(self, axis) > 1 else None) for axis in ("dp", "tp", "pp")}
+        s = {axis: getattr(self, axis) if getattr(self, axis) > 1 else None for axis in ("dp", "tp", "pp", "cp")}
         s["zero"] = self.zero or None
         if self.pp > 1:
             s.update(microbatches=self.microbatches, schedule=self.schedule)
@@ -130,7 +131,7 @@ class Translation:
     def layout(self) -> Layout:
         """The config's layout as minidist's one typed value (`minidist/training/layout.py`)."""
         pipeline = self.pp > 1
-        return Layout(dp=self.dp, tp=self.tp, pp=self.pp, zero=self.zero,
+        return Layout(dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp, zero=self.zero,
                       microbatches=self.microbatches if pipeline else self.accumulation,
                       schedule=self.schedule if pipeline else None,
                       virtual_stages=self.virtual_stages if pipeline else 1,
@@ -170,8 +171,9 @@ class Translation:
         return OptimSettings(**{k: v for k, v in given.items() if v is not None})
 
     def describe(self) -> str:
-        lines = [f"{self.source} on {self.world_size} ranks -> minidist mesh pp {self.pp} x dp {self.dp} x tp "
-                 f"{self.tp} (tp fastest)" + (f", ZeRO-{self.zero} over dp" if self.zero else "")
+        lines = [f"{self.source} on {self.world_size} ranks -> minidist mesh pp {self.pp} x dp {self.dp} x "
+                 + (f"cp {self.cp} x " if self.cp > 1 else "") + f"tp {self.tp} (tp fastest)"
+                 + (f", ZeRO-{self.zero} over dp" if self.zero else "")
                  + (", sequence parallel" if self.sequence_parallel else "")]
         steps = (f"{self.microbatches} pipeline micro-batches ({self.schedule}"
                  + (f", {self.virtual_stages} virtual stages" if self.schedule == "interleaved" else "") + ")"
@@ -264,8 +266,12 @@ def finish_translation(t: Translation, who: str) -> Translation:
     if why is not None:
         raise ValueError(f"{who}: layout {layout}: {why}")
     t.notes.append(f"layout {layout} (python -m minidist.demo --layout {layout})")
-    t.notes.append(f"mesh pp {t.pp} x dp {t.dp} x tp {t.tp} on {t.world_size} ranks, rank = (pp x {t.dp} + dp) x "
-                   f"{t.tp} + tp: Megatron's default order tp-cp-ep-dp-pp, the same grid")
+    if t.cp > 1:
+        t.notes.append(f"mesh pp {t.pp} x dp {t.dp} x cp {t.cp} x tp {t.tp} on {t.world_size} ranks, rank = "
+                       f"((pp x {t.dp} + dp) x {t.cp} + cp) x {t.tp} + tp: Megatron's default order tp-cp-ep-dp-pp")
+    else:
+        t.notes.append(f"mesh pp {t.pp} x dp {t.dp} x tp {t.tp} on {t.world_size} ranks, rank = (pp x {t.dp} + dp) x "
+                       f"{t.tp} + tp: Megatron's default order tp-cp-ep-dp-pp, the same grid")
     return t
 
 
