@@ -644,3 +644,58 @@ def check_aspect(case: Case, aspect: str, run_directory) -> None:
 def test_a_template_runs_without_the_learning_rate_given(case, run_directory):
     """Its "auto" learning rate takes the Trainer's default, 5e-5, as Hugging Face's Trainer would."""
     check_aspect(case, "run-without-lr", run_directory)
+
+
+# ----------------------------------------------------------------------------- the appendix's table
+
+APPENDIX = os.path.join(ROOT, "chapters", "appendix_framework_keys.md")
+APPENDIX_HEAD = """# Appendix: every key of the corpus, applied or refused
+
+Chapter 9's readers (`minidist/frameworks/`) account for every key of a config: applied (its
+value reaches the run through the demo's flag named here) or refused with the reason. This table
+lists every key that appears in the corpus of real-shaped configurations in
+`examples/frameworks/`, with what minidist does with it and in how many files. It is generated
+from the readers themselves (`python tests/test_frameworks_corpus.py --write-appendix`), and a
+test fails when it differs from what they do, so it cannot go stale.
+"""
+
+
+def key_table() -> str:
+    """The appendix: per reader, each key -> applied (and the demo flag) or refused (and why)."""
+    seen: dict[str, dict[str, dict[str, set]]] = {}
+    for case in TRANSLATED:
+        t = translate(case)
+        for key in input_keys(case):
+            row = seen.setdefault(case.reader, {}).setdefault(key, {})
+            parts = key.split(".")
+            owner = next((".".join(parts[:i]) for i in range(len(parts), 0, -1)
+                          if ".".join(parts[:i]) in t.applied or ".".join(parts[:i]) in t.refused), key)
+            if owner in t.applied:
+                flag = t.applied[owner]["flag"]
+                what = (f"applied: --{flag.replace('_', '-')}" if flag else
+                        "applied, no flag of its own (it sets the batch split, or it is what minidist does anyway)")
+            else:
+                reason = t.refused[owner]
+                what = "refused: " + (reason.split(": ", 1)[1] if reason[:1].isdigit() or reason.startswith('"') and ": "
+                                      in reason else reason)
+            row.setdefault(what, set()).add(case.file)
+    lines = [APPENDIX_HEAD]
+    for reader, title in (("deepspeed", "DeepSpeed JSON"), ("megatron", "Megatron-LM (and Megatron-DeepSpeed) flags")):
+        lines += [f"\n## {title}\n", "| key | what minidist does | files |", "|---|---|---|"]
+        for key in sorted(seen.get(reader, {})):
+            for what, files in sorted(seen[reader][key].items()):
+                lines.append(f"| `{key}` | {what.replace('|', '/')} | {len(files)} |")
+    return "\n".join(lines) + "\n"
+
+
+def test_the_appendix_lists_every_key_as_the_readers_treat_it():
+    with open(APPENDIX, encoding="utf-8") as f:
+        assert f.read() == key_table(), "regenerate: python tests/test_frameworks_corpus.py --write-appendix"
+
+
+if __name__ == "__main__":
+    if "--write-appendix" in sys.argv:
+        os.chdir(ROOT)
+        with open(APPENDIX, "w", encoding="utf-8") as f:
+            f.write(key_table())
+        print(f"wrote {APPENDIX}")

@@ -302,3 +302,24 @@ def test_demo_flags():
                                                  "--schedule", "interleaved", "--virtual-stages", "2"]
     assert demo_flags({"dp": 4, "tp": 1, "pp": 1, "zero": 0, "microbatches": 2, "schedule": None,
                        "virtual_stages": 1}) == ["--dp", "4", "--accumulation", "2"]
+
+
+DECISIONS = [  # chapter 9, "Which framework, which layout": (model, batch, precision, gpus, recompute, zero, the best)
+    pytest.param(dict(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768), 512, False, 8, (0, 1, 2, 3),
+                 "dp8-zero2-m2", id="gpt2-8"),
+    pytest.param(dict(vocab_size=50304, block_size=2048, n_layer=24, n_head=16, n_embd=2048), 512, True, 8, (0, 1, 2, 3),
+                 "dp8-zero2", id="1.3b-8"),
+    pytest.param(dict(vocab_size=51200, block_size=2048, n_layer=32, n_head=32, n_embd=4096), 512, True, 64, (0, 1, 2, 3),
+                 "dp32-tp2", id="7b-64"),
+    pytest.param(dict(vocab_size=51200, block_size=2048, n_layer=96, n_head=96, n_embd=12288), 1536, False, 1024,
+                 (0, 1, 2, 3), "dp32-tp8-pp4-zero1-m48", id="175b-1024"),
+    pytest.param(dict(vocab_size=51200, block_size=2048, n_layer=128, n_head=160, n_embd=25600), 3072, True, 3072, (0, 1),
+                 "dp24-tp8-pp16-zero1-m128-interleaved-v4", id="1t-3072", marks=pytest.mark.full),
+]
+
+
+@pytest.mark.parametrize("model, batch, recompute, gpus, zero, best", DECISIONS)
+def test_the_decision_table(model, batch, recompute, gpus, zero, best):
+    w = Workload(GPTConfig(**model), batch, model["block_size"], "mixed", recompute=recompute)
+    rows = plan(w, Cluster(gpus), zero_stages=zero)
+    assert rows[0]["name"] == best and rows[0]["fits"]
