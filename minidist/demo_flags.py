@@ -225,7 +225,7 @@ def translate(parser, args, argv, world) -> dict:
     except ValueError as error:
         faults.fail(f"{flag}: {error}")
     translation.apply(args, keep=given)
-    world.print0(translation.describe())
+    world.print0(translation.describe(args, given))
     for why in translation.unsupported:
         world.print0(f"  not supported: {why}")
     overridden = sorted(f"--{dest.replace('_', '-')}" for dest in given & set(translation.demo_settings()))

@@ -429,3 +429,15 @@ def test_the_demo_trains_with_the_configs_optimizer_settings(tmp_path):
     assert report["framework_config"]["applied"]["optimizer.params.weight_decay"]["used"] == 3e-7
     for name, value in runs["flags"][1].items():
         assert np.array_equal(runs["config"][1][name], value), name
+
+
+def test_the_demo_prints_what_the_command_line_overrides():
+    line = ("--micro-batch-size 2 --global-batch-size 4 --num-layers 24 --hidden-size 1024 --num-attention-heads 16 "
+            "--seq-length 16 --train-iters 500000 --lr 1e-4")
+    proc = subprocess.run([sys.executable, "-m", "minidist.demo", "--megatron-args", line, "--n-layer", "2",
+                           "--n-embd", "32", "--n-head", "2", "--steps", "2", "--log-every", "-1"],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "steps 500000 -> 2 (the command line's)" in proc.stdout
+    assert "n_layer 24 -> 2 (the command line's), n_embd 1024 -> 32 (the command line's)" in proc.stdout
+    assert "the run uses: n_layer 2, n_embd 32, n_head 2" in proc.stdout

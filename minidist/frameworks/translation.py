@@ -170,7 +170,16 @@ class Translation:
                                                 "eps", "decay", "initial_loss_scale", "loss_scale_window")}
         return OptimSettings(**{k: v for k, v in given.items() if v is not None})
 
-    def describe(self) -> str:
+    def describe(self, args=None, given=frozenset()) -> str:
+        """What the config means, line by line; with the demo's `args` and the flags `given` on its
+        command line, each value a flag overrides shows the config's and the one the run uses."""
+        def shown(name: str) -> str:
+            value = getattr(self, name)
+            text = f"{value:g}" if isinstance(value, float) else str(value)
+            if args is not None and name in given and getattr(args, name, value) != value:
+                return f"{name} {text} -> {getattr(args, name)} (the command line's)"
+            return f"{name} {text}"
+
         lines = [f"{self.source} on {self.world_size} ranks -> minidist mesh pp {self.pp} x dp {self.dp} x "
                  + (f"cp {self.cp} x " if self.cp > 1 else "") + f"tp {self.tp} (tp fastest)"
                  + (f", ZeRO-{self.zero} over dp" if self.zero else "")
@@ -180,14 +189,14 @@ class Translation:
                  if self.pp > 1 else f"{self.accumulation} accumulation micro-step(s)")
         lines.append(f"batch: {self.batch_size} sequences per step = {self.micro_batch_size} per rank x {steps} "
                      f"x dp {self.dp}")
-        optim = [f"{k} {getattr(self, k):g}" for k in ("lr", "min_lr", "warmup", "steps", "weight_decay", "clip")
+        optim = [shown(k) for k in ("lr", "min_lr", "warmup", "steps", "weight_decay", "clip")
                  if getattr(self, k) is not None]
         if optim:
             lines.append("optimizer: AdamW, " + ", ".join(optim) + " (all applied; a flag given as well wins)")
         lines.append(f"precision: {self.precision}" + ("" if self.precision == "fp32" else
                                                         " (16-bit compute, fp32 master weights: chapter 10)"))
-        model = [f"{k} {getattr(self, k)}" for k in ("n_layer", "n_embd", "n_head", "block_size", "vocab_size",
-                                                      "tie_weights") if getattr(self, k) is not None]
+        model = [shown(k) for k in ("n_layer", "n_embd", "n_head", "block_size", "vocab_size", "tie_weights")
+                 if getattr(self, k) is not None]
         if model:
             lines.append("model: " + ", ".join(model))
         return "\n".join(lines)
