@@ -152,7 +152,8 @@ def test_compositions_the_frameworks_use_run_equal_to_serial(tmp_path):
     batch = 12
     serial = run_demo([], 1, tmp_path / "serial.npz", batch)
     config = tmp_path / "ds.json"
-    config.write_text('{"train_batch_size": 12, "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 1}}')
+    config.write_text('{"train_batch_size": 12, "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 1}, '
+                      '"gradient_clipping": 1.0}')  # DeepSpeed clips only when asked; the serial run clips at 1
     runs = [(["--layout", "dp3-zero1-m2"], 3), (["--layout", "dp2-zero2-m3"], 2), (["--layout", "dp4-zero3-m3"], 4),
             (["--layout", "dp2-tp2-zero3-m2"], 4), (["--layout", "tp2-m2"], 2),
             (["--deepspeed-config", str(config)], 2)]
