@@ -126,6 +126,34 @@ def time_all_reduce(sizes, reps: int = 20) -> list[float]:
     return seconds
 
 
+def time_pipeline_message(nbytes: int, reps: int = 20, busy: float = 0.005) -> list[float]:
+    """Rank program (2 ranks at least): seconds from rank 1's send to rank 0 noticing it, as a
+    pipeline's receiver notices an activation: rank 0 has been waiting a while (`busy` s of rank 1's
+    compute), so minidist's polite wait is asleep in its back-off. One machine: one clock."""
+    from minidist.comm import get_world
+    from minidist.comm.p2p import irecv, isend
+    from minidist.comm.waiting import wait
+    world = get_world()
+    comm, x = world.comm, np.ones(nbytes // 4, np.float32)
+    delays = []
+    for i in range(reps):
+        comm.Barrier()
+        if world.rank == 1:
+            end = time.perf_counter() + busy
+            while time.perf_counter() < end:  # compute, as the previous stage does
+                pass
+            sent = np.array([time.perf_counter()])
+            wait(isend(x, 0, i, world))
+            comm.Send(sent, dest=0, tag=10_000 + i)
+        elif world.rank == 0:
+            wait(irecv(x, 1, i, world))
+            noticed = time.perf_counter()
+            sent = np.empty(1)
+            comm.Recv(sent, source=1, tag=10_000 + i)
+            delays.append(noticed - sent[0])
+    return delays
+
+
 def fastest_step(report: dict) -> float:
     """The fastest step after the first: the least disturbed by whatever else runs on the machine."""
     return float(min(report["step_seconds"][1:] or report["step_seconds"]))
@@ -208,8 +236,10 @@ def calibrate(config: GPTConfig, args) -> tuple[Cluster, dict]:
     n = args.ranks
     alpha, beta = cost.fit_alpha_beta([s / n for s in sizes], [t / (2 * (n - 1)) for t in seconds])
     bandwidth = 1 / max(beta, 1e-15)
+    activation = args.batch_size * config.block_size * config.n_embd * 4  # the largest a pipeline sends
+    p2p = float(np.median(run(time_pipeline_message, n, activation, timeout=args.timeout)[0]))
     cluster = Cluster(n, n, float("inf"), bandwidth, alpha, bandwidth, alpha, peak * share, overhead / share,
-                      memory_bandwidth=device.memory_bandwidth * share, gemm=curve)
+                      memory_bandwidth=device.memory_bandwidth * share, gemm=curve, p2p_latency=p2p)
     facts = {"serial_step_seconds": serial[args.batch_size], "serial_one_sequence_seconds": serial[1],
              "serial_step_predicted": serial_prediction(args.batch_size, overhead),
              "device_flops": peak * curve.peak_fraction * share, "peak_flops": peak * share,
@@ -217,6 +247,7 @@ def calibrate(config: GPTConfig, args) -> tuple[Cluster, dict]:
              "gemm_points": [{"flops": f, "seconds": s} for f, s in points],
              "memory_bandwidth": device.memory_bandwidth * share,
              "layer_overhead": overhead / share, "cores": cores, "alpha": alpha, "beta": beta,
+             "pipeline_message_seconds": p2p,
              "all_reduce_seconds": {str(k): v for k, v in zip(sizes, seconds)}}
     return cluster, facts
 
@@ -305,7 +336,8 @@ def main(argv=None) -> int:
           f"model's shapes), memory {facts['memory_bandwidth'] / 1e9:.1f} GB/s, {facts['layer_overhead'] * 1e3:.2f} ms "
           f"per layer pass; serial step {facts['serial_step_seconds'] * 1e3:.1f} ms measured, "
           f"{facts['serial_step_predicted'] * 1e3:.1f} ms predicted; all-reduce alpha {facts['alpha'] * 1e6:.1f} us, "
-          f"beta {facts['beta'] * 1e9:.3f} ns/byte")
+          f"beta {facts['beta'] * 1e9:.3f} ns/byte; a pipeline message noticed {facts['pipeline_message_seconds'] * 1e3:.2f} "
+          "ms after its send")
     if args.calibrate:
         if args.json:
             with open(args.json, "w") as f:

@@ -66,7 +66,9 @@ def predict(w: Workload, layout: Layout, cluster: Cluster, simulate: bool = True
     pp_bytes = tp_bytes / (t if w.sequence_parallel else 1)
     return {"step_seconds": step, "compute": m * work["compute"], "tp": m * work["tp"],
             "pp": m * work["pp"] + embedding_time, "bubble": bubble, "dp": dp_time, "optimizer": optimizer,
-            "bubble_fraction": 1 - m * sum(part["total"] for part in parts) / (p * pipeline) if pipeline else 0.0,
+            # idle share of all ranks, as a run measures it: time outside forward and backward (waits, messages)
+            "bubble_fraction": 1 - m * sum(part["total"] - part["pp"] for part in parts) / (p * pipeline)
+            if pipeline else 0.0,
             "micro_batch": b, "tokens_per_second": tokens / step,
             "tflops_per_device": flops / (cluster.gpus * step) / 1e12,
             "mfu": flops_per_step(w, recompute=False) / (cluster.gpus * step * cluster.flops),

@@ -202,6 +202,7 @@ def stage_costs(w, layout: Layout, cluster, b: int) -> tuple:
     if p > 1:
         _, _, nodes = group_span("pp", layout.dp, t, p, cluster.gpus_per_node)
         alpha, beta = cluster.link(nodes == 1)
+        alpha = cluster.p2p_latency if cluster.p2p_latency is not None else alpha
         message = alpha + b * s * h * item / (t if w.sequence_parallel else 1) * beta
     per_rank = []
     for rank in range(p):

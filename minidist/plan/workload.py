@@ -51,6 +51,8 @@ class Cluster:
     gemm: GemmCurve = GemmCurve()
     overlap_cost: float = 0.3       # of each second a collective hides behind compute, what the compute
                                     # loses (its kernels take SMs and memory bandwidth); fitted, chapter 9
+    p2p_latency: float | None = None  # s from a pipeline send to its receiver noticing it (None: the link's
+                                      # latency); minidist's polite wait notices up to one back-off late
 
     @classmethod
     def of(cls, device, gpus: int, precision: str = "mixed", **changes) -> "Cluster":
