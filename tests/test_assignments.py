@@ -10,11 +10,12 @@ import sys
 import pytest
 
 from minidist.assignments import ASSIGNMENTS, BY_NAME
-from minidist.assignments.grade import grade
+from minidist.assignments.grade import grade, sandbox_problem
 from minidist.assignments.markers import all_regions, build, regions_in, repository_root
 
 ROOT = repository_root()
 NAMES = [a.name for a in ASSIGNMENTS]
+SANDBOX = sandbox_problem() is None  # under bubblewrap where it runs (tests/test_assignments_tamper.py)
 
 
 def test_markers_parse_and_every_region_is_a_registered_assignment():
@@ -75,7 +76,7 @@ def test_every_graded_test_is_in_the_quick_tier():
 
 @pytest.mark.full  # grades every assignment: runs their tests, some under mpiexec
 def test_the_reference_earns_every_point():
-    report = grade(ASSIGNMENTS, ROOT)
+    report = grade(ASSIGNMENTS, ROOT, sandbox=SANDBOX)
     assert points(report) == {a.name: a.points for a in ASSIGNMENTS}, report
     assert report["points"] == report["max_points"] == sum(a.points for a in ASSIGNMENTS)
 
@@ -85,12 +86,17 @@ def test_a_full_student_build_earns_nothing_and_the_report_says_why(tmp_path):
     build(tmp_path / "student", NAMES)
     out = tmp_path / "report.json"
     proc = subprocess.run([sys.executable, "-m", "minidist.assignments", "grade", str(tmp_path / "student"),
-                           "--json", str(out)], capture_output=True, text=True, timeout=600)
+                           "--json", str(out), *([] if SANDBOX else ["--no-sandbox"])],
+                          capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
     assert points(report) == {name: 0 for name in NAMES}
     for result in report["assignments"]:
-        assert result["passed"] == 0 and len(result["failures"]) == result["tests"] >= 1
+        visible = [f for f in result["failures"] if f["test"] != "hidden tests"]
+        assert result["passed"] == result["hidden_passed"] == 0 and result["tests"] >= 1
+        assert len(visible) == result["tests"] - result["hidden_tests"] >= 1
+        if result["hidden_tests"]:  # hidden tests: a count, not their names
+            assert result["failures"][-1]["message"].startswith(f"{result['hidden_tests']} of ")
         assert all(f["message"] for f in result["failures"]), result["failures"]
     assert sum("YOUR CODE HERE" in f["message"] for r in report["assignments"] for f in r["failures"]) >= 4
     assert "total" in proc.stdout and "0/23" in proc.stdout
@@ -100,7 +106,7 @@ def test_a_full_student_build_earns_nothing_and_the_report_says_why(tmp_path):
 @pytest.mark.parametrize("restored", ["one_f_one_b", "tensor_parallel_f_g"])
 def test_restoring_one_solution_passes_exactly_that_assignment(tmp_path, restored):
     build(tmp_path, [name for name in NAMES if name != restored])
-    got = points(grade(ASSIGNMENTS, tmp_path))
+    got = points(grade(ASSIGNMENTS, tmp_path, sandbox=SANDBOX))
     assert got == {name: (BY_NAME[name].points if name == restored else 0) for name in NAMES}
 
 

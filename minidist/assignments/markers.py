@@ -1,4 +1,10 @@
-"""Find the solution regions in the source and write a student copy with each one stubbed out."""
+"""Find the solution regions in the source, write a student copy with each one stubbed out, and
+put a student's regions back into a pristine copy of the source (what the grader runs).
+
+In the instructor's tree a region is marked `### BEGIN SOLUTION assignment=<name>` ...
+`### END SOLUTION`. In a student copy each stubbed region keeps markers of its own,
+`### BEGIN YOUR CODE assignment=<name>` ... `### END YOUR CODE`: only the lines between them are
+graded, spliced into the instructor's source in place of the reference."""
 from __future__ import annotations
 
 import json
@@ -9,7 +15,10 @@ from pathlib import Path
 
 BEGIN = re.compile(r"^(?P<indent>\s*)### BEGIN SOLUTION assignment=(?P<name>[A-Za-z0-9_]+)\s*$")
 END = re.compile(r"^\s*### END SOLUTION\s*$")
-STUB = '{indent}# YOUR CODE HERE\n{indent}raise NotImplementedError("YOUR CODE HERE")\n'
+ANSWER_BEGIN = re.compile(r"^(?P<indent>\s*)### BEGIN YOUR CODE assignment=(?P<name>[A-Za-z0-9_]+)\s*$")
+ANSWER_END = re.compile(r"^\s*### END YOUR CODE\s*$")
+STUB = ('{indent}### BEGIN YOUR CODE assignment={name}\n{indent}# YOUR CODE HERE\n'
+        '{indent}raise NotImplementedError("YOUR CODE HERE")\n{indent}### END YOUR CODE\n')
 COPIED = ("minidist", "tests", "notebooks", "pyproject.toml", "README.md")  # what a student gets
 SKIPPED = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", ".ipynb_checkpoints")
 
@@ -71,7 +80,7 @@ def stub(text: str, selected: set[str]) -> str:
     for line in text.splitlines(keepends=True):
         begin = BEGIN.match(line.rstrip("\n"))
         if begin and begin["name"] in selected:
-            out.append(STUB.format(indent=begin["indent"]))
+            out.append(STUB.format(indent=begin["indent"], name=begin["name"]))
             skipping = True
         elif skipping:
             skipping = not END.match(line.rstrip("\n"))
@@ -80,9 +89,16 @@ def stub(text: str, selected: set[str]) -> str:
     return "".join(out)
 
 
+class BuildError(ValueError):
+    """A student copy that cannot be written where asked (one line)."""
+
+
 def build(out: Path, selected: list[str], root: Path | None = None) -> list[Region]:
     """Copy the package, tests and notebooks to `out` and stub the selected assignments' regions."""
     root = root or repository_root()
+    target = out.resolve()
+    if target == root.resolve() or root.resolve() in target.parents:
+        raise BuildError(f"{out} is inside the source tree {root}: build the student copy somewhere else")
     out.mkdir(parents=True, exist_ok=True)
     for name in COPIED:
         source, target = root / name, out / name
@@ -101,3 +117,67 @@ def build(out: Path, selected: list[str], root: Path | None = None) -> list[Regi
         else:
             (out / path).write_text(stub((root / path).read_text(), set(selected)))
     return stubbed
+
+
+class RegionError(ValueError):
+    """A submission's region that cannot be graded: missing or malformed (one line)."""
+
+
+def answers_in_text(text: str, relative: str) -> dict[str, list[tuple[str, list[str]]]]:
+    """The regions of a submitted file, by assignment: (indent, body lines) for each, in order.
+    Either marker pair counts (a stubbed region's YOUR CODE markers, or SOLUTION markers a
+    copy built without that assignment kept); a region not closed, nested, or closed by the
+    other kind's marker is a RegionError naming its line."""
+    found: dict[str, list[tuple[str, list[str]]]] = {}
+    open_at, name, indent, kind, body = None, None, "", None, []
+    for number, line in enumerate(text.splitlines(keepends=True), 1):
+        bare = line.rstrip("\r\n")
+        begin = BEGIN.match(bare) or ANSWER_BEGIN.match(bare)
+        end_kind = "solution" if END.match(bare) else "answer" if ANSWER_END.match(bare) else None
+        if begin is None and ("BEGIN SOLUTION" in bare or "BEGIN YOUR CODE" in bare):
+            raise RegionError(f"{relative}:{number}: a BEGIN marker needs 'assignment=<name>' and nothing after it")
+        if begin:
+            if open_at is not None:
+                raise RegionError(f"{relative}:{number}: a BEGIN marker inside the region of {name} opened at line {open_at}")
+            open_at, name, indent, body = number, begin["name"], begin["indent"], []
+            kind = "solution" if BEGIN.match(bare) else "answer"
+        elif end_kind:
+            if open_at is None:
+                raise RegionError(f"{relative}:{number}: an END marker without a BEGIN marker")
+            if end_kind != kind:
+                raise RegionError(f"{relative}:{number}: the region of {name} opened at line {open_at} "
+                                  f"ends with the other kind of END marker")
+            found.setdefault(name, []).append((indent, body))
+            open_at = None
+        elif open_at is not None:
+            body.append(line if line.endswith("\n") else line + "\n")
+    if open_at is not None:
+        raise RegionError(f"{relative}:{open_at}: the region of {name} is never closed")
+    return found
+
+
+def splice(text: str, name: str, answers: list[tuple[str, list[str]]], relative: str) -> str:
+    """The instructor's `text` with the body of each region of assignment `name` replaced by the
+    submission's region of the same place (the first by the first, ...), re-indented to the
+    instructor's marker; a RegionError if the submission has fewer such regions."""
+    out, skipping, index = [], False, 0
+    for number, line in enumerate(text.splitlines(keepends=True), 1):
+        begin = BEGIN.match(line.rstrip("\n"))
+        if begin and begin["name"] == name:
+            if index >= len(answers):
+                raise RegionError(f"{relative}: region {index + 1} of {name} (line {number} of the reference) is "
+                                  f"missing: keep its '### BEGIN YOUR CODE assignment={name}' and "
+                                  f"'### END YOUR CODE' lines")
+            theirs, body = answers[index]
+            out.append(line)
+            out += [begin["indent"] + row[len(theirs):] if row.startswith(theirs) else row for row in body]
+            skipping, index = True, index + 1
+        elif skipping:
+            if END.match(line.rstrip("\n")):
+                out.append(line)
+                skipping = False
+        else:
+            out.append(line)
+    if index < len(answers):
+        raise RegionError(f"{relative}: {len(answers)} regions of {name}, the reference has {index}")
+    return "".join(out)
