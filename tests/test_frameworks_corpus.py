@@ -649,6 +649,7 @@ def test_a_template_runs_without_the_learning_rate_given(case, run_directory):
 # ----------------------------------------------------------------------------- the appendix's table
 
 APPENDIX = os.path.join(ROOT, "chapters", "appendix_framework_keys.md")
+TORCHTITAN = [("torchtitan_llama3_8b.toml", 64), ("torchtitan_llama3_70b.toml", 64), ("torchtitan_hsdp_tp.toml", 8)]
 APPENDIX_HEAD = """# Appendix: every key of the corpus, applied or refused
 
 Chapter 9's readers (`minidist/frameworks/`) account for every key of a config: applied (its
@@ -679,8 +680,24 @@ def key_table() -> str:
                 what = "refused: " + (reason.split(": ", 1)[1] if reason[:1].isdigit() or reason.startswith('"') and ": "
                                       in reason else reason)
             row.setdefault(what, set()).add(case.file)
+    for name, world in TORCHTITAN:  # torchtitan's examples, with the model minidist runs them as
+        path = f"{EXAMPLES}/{name}"
+        t = fw.from_torchtitan(path, world, settings={"n_layer": 2, "n_embd": 64, "n_head": 8, "block_size": 16})
+        flat = fw.torchtitan.keys.Keys(fw.torchtitan.keys.read_toml(path), name).flat
+        for key in flat:
+            parts = key.split(".")
+            owner = next((".".join(parts[:i]) for i in range(len(parts), 0, -1)
+                          if ".".join(parts[:i]) in t.applied or ".".join(parts[:i]) in t.refused), key)
+            if owner in t.applied:
+                flag = t.applied[owner]["flag"]
+                what = (f"applied: --{flag.replace('_', '-')}" if flag else
+                        "applied, no flag of its own (it sets the batch split, or it is what minidist does anyway)")
+            else:
+                what = "refused: " + t.refused[owner]
+            seen.setdefault("torchtitan", {}).setdefault(key, {}).setdefault(what, set()).add(name)
     lines = [APPENDIX_HEAD]
-    for reader, title in (("deepspeed", "DeepSpeed JSON"), ("megatron", "Megatron-LM (and Megatron-DeepSpeed) flags")):
+    for reader, title in (("deepspeed", "DeepSpeed JSON"), ("megatron", "Megatron-LM (and Megatron-DeepSpeed) flags"),
+                          ("torchtitan", "torchtitan TOML")):
         lines += [f"\n## {title}\n", "| key | what minidist does | files |", "|---|---|---|"]
         for key in sorted(seen.get(reader, {})):
             for what, files in sorted(seen[reader][key].items()):
