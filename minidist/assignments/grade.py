@@ -147,6 +147,9 @@ def graded_copy(assignment: Assignment, student: Path, dest: Path, root: Path | 
             submitted = student / path
             if not submitted.is_file():
                 raise RegionError(f"{path}: missing from the submission")
+            if any(part.is_symlink() for part in (submitted, *submitted.parents) if student in (part, *part.parents)):
+                raise RegionError(f"{path}: a symbolic link in the submission (only the student's own files are "
+                                  "read; a link could point at the reference)")
             answers = answers_in_text(submitted.read_text(errors="replace"), path).get(assignment.name)
             if not answers:
                 raise RegionError(f"{path}: no region of {assignment.name}: keep its '### BEGIN YOUR CODE "
