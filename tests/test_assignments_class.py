@@ -82,6 +82,7 @@ def classroom(built, tmp_path_factory):
     return base, bob, proc
 
 
+@pytest.mark.full  # grades a class
 def test_the_gradebook_rows_are_exactly_right(classroom):
     base, _, proc = classroom
     with open(base / "grades" / "gradebook.csv", newline="") as f:
@@ -124,6 +125,7 @@ def test_unsafe_archive_members_are_refused(tmp_path):
     assert (tmp_path / "ok/a/b/link").is_symlink()
 
 
+@pytest.mark.full  # grades a class
 def test_a_class_is_detected(classroom, built):
     base, _, _ = classroom
     assert looks_like_class(base / "submissions") and not looks_like_class(built)
@@ -144,6 +146,7 @@ def check_gradescope_shape(results):
     assert abs(sum(t["max_score"] for t in results["tests"]) - results["max_score"]) < 0.01
 
 
+@pytest.mark.full  # grades a class
 def test_the_autograder_zip_runs_on_a_fake_autograder_layout(classroom, tmp_path):
     base, bob, _ = classroom
     zip_path = tmp_path / "autograder.zip"

@@ -90,6 +90,7 @@ def test_a_cheating_conftest_edited_tests_and_checks_earn_nothing_extra(student)
     assert mesh["passed"] == 0 and mesh["tests"] > 2 and mesh["hidden_tests"] == 3  # the instructor's tests ran
 
 
+@pytest.mark.full  # the quick tier grades one tampered copy
 def test_code_outside_the_regions_is_not_graded(student):
     """A correct function written outside the markers (the stub left in place) earns nothing."""
     file = student / "minidist/parallel/pipeline_stage.py"
@@ -109,6 +110,7 @@ return module.partition(n_layer, stages)
 """
 
 
+@pytest.mark.full  # the quick tier grades one tampered copy
 def test_the_reference_is_out_of_reach_in_the_sandbox(student):
     """A region that finds the instructor's tree through the installed package's metadata and
     calls the reference from it: that earns the point unsandboxed (so the test can fail), and
@@ -122,6 +124,7 @@ def test_the_reference_is_out_of_reach_in_the_sandbox(student):
     assert "No such file" in report["assignments"][0]["failures"][0]["message"], report
 
 
+@pytest.mark.full  # the quick tier grades one tampered copy
 def test_hidden_tests_stay_with_the_instructor(student):
     _, report = points(student, ["mesh_groups"])
     assert not (student / "hidden_tests").exists()
@@ -133,6 +136,7 @@ def test_hidden_tests_stay_with_the_instructor(student):
     assert mesh["failures"][-1] == {"test": "hidden tests", "passed": False, "message": "3 of 3 hidden tests failed"}
 
 
+@pytest.mark.full  # the quick tier grades one tampered copy
 def test_a_missing_or_broken_region_earns_nothing_with_one_line_each(student, tmp_path):
     file = student / "minidist/parallel/pipeline_stage.py"
     file.write_text(file.read_text().replace("    ### END YOUR CODE\n", "", 1))
@@ -145,6 +149,7 @@ def test_a_missing_or_broken_region_earns_nothing_with_one_line_each(student, tm
         "minidist/parallel/mesh.py: missing from the submission"]
 
 
+@pytest.mark.full  # the quick tier grades one tampered copy
 def test_grading_from_inside_the_student_folder(student):
     answer(student, "minidist/parallel/pipeline_stage.py", PARTITION)
     command = [sys.executable, "-m", "minidist.assignments", "grade", ".", "--only", "layer_partition", "mesh_groups",
@@ -164,6 +169,7 @@ def test_building_into_the_source_tree_is_refused_in_one_line():
         assert "inside the source tree" in proc.stderr and not (ROOT / "build" / "student-copy").exists()
 
 
+@pytest.mark.full  # the quick tier grades one tampered copy
 def test_without_bubblewrap_grading_is_refused_unless_asked(student, tmp_path):
     bare = tmp_path / "bin"  # a PATH without bwrap
     bare.mkdir()
@@ -180,6 +186,7 @@ def test_a_message_is_cut_at_a_word_with_an_ellipsis():
     assert len(long) <= 100 and long.endswith("word …")
 
 
+@pytest.mark.full  # the quick tier grades one tampered copy
 def test_a_deadlock_reports_the_ranks_exception_first(student):
     answer(student, "minidist/comm/p2p.py", """\
         send(send_array, dst, tag, group, timeout)  # blocking: every rank waits for its neighbour
