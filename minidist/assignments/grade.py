@@ -207,20 +207,19 @@ def grade_one(assignment: Assignment, student: Path, test_timeout: int = TEST_TI
     result = {"name": assignment.name, "chapter": assignment.chapter, "max_points": assignment.points,
               "points": 0, "passed": 0, "tests": len(assignment.tests) + len(assignment.hidden),
               "hidden_passed": 0, "hidden_tests": 0, "sandboxed": sandbox, "failures": []}
-    rows, hidden_rows = [], []
-    for hidden, tests in ((False, assignment.tests), (True, assignment.hidden)):
-        if not tests:
-            continue
-        with tempfile.TemporaryDirectory(prefix=f"minidist-grade-{assignment.name}-") as scratch:
-            tree, out = Path(scratch) / "tree", Path(scratch) / "out"
-            tree.mkdir()
-            out.mkdir()
-            problems = graded_copy(assignment, student, tree, hidden=hidden)
-            if problems:
-                result["failures"] = [{"test": "region", "passed": False, "message": p} for p in problems]
-                return result
-            ran = _run(tests, tree, out, env, sandbox, test_timeout, run_timeout)
-        (hidden_rows if hidden else rows).extend(ran)
+    with tempfile.TemporaryDirectory(prefix=f"minidist-grade-{assignment.name}-") as scratch:
+        tree, out = Path(scratch) / "tree", Path(scratch) / "out"
+        tree.mkdir()
+        out.mkdir()
+        problems = graded_copy(assignment, student, tree, hidden=bool(assignment.hidden))
+        if problems:
+            result["failures"] = [{"test": "region", "passed": False, "message": p} for p in problems]
+            return result
+        # one run for the visible and the hidden tests; the hidden ones' rows are only counted
+        ran = _run(tuple(assignment.tests) + tuple(assignment.hidden), tree, out, env, sandbox, test_timeout,
+                   run_timeout)
+    hidden_rows = [row for row in ran if row["test"].startswith("hidden_tests/")]
+    rows = [row for row in ran if not row["test"].startswith("hidden_tests/")]
     hidden_passed = sum(row["passed"] for row in hidden_rows)
     failures = [row for row in rows if not row["passed"]]
     if hidden_passed < len(hidden_rows):  # a count only: names, parameters and messages stay hidden
