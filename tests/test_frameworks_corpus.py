@@ -661,40 +661,31 @@ test fails when it differs from what they do, so it cannot go stale.
 """
 
 
+def treatment(t, key: str) -> str:
+    """What translation `t` does with `key`: through the key itself or a block above it."""
+    parts = key.split(".")
+    owner = next((".".join(parts[:i]) for i in range(len(parts), 0, -1)
+                  if ".".join(parts[:i]) in t.applied or ".".join(parts[:i]) in t.refused), key)
+    if owner in t.applied:
+        flag = t.applied[owner]["flag"]
+        return (f"applied: --{flag.replace('_', '-')}" if flag else
+                "applied, no flag of its own (it sets the batch split, or it is what minidist does anyway)")
+    reason = t.refused[owner]  # without the value it was given, where the reason starts with it
+    return "refused: " + (reason.split(": ", 1)[1] if (reason[:1].isdigit() or reason.startswith('"')) and ": "
+                          in reason else reason)
+
+
 def key_table() -> str:
     """The appendix: per reader, each key -> applied (and the demo flag) or refused (and why)."""
-    seen: dict[str, dict[str, dict[str, set]]] = {}
-    for case in TRANSLATED:
-        t = translate(case)
-        for key in input_keys(case):
-            row = seen.setdefault(case.reader, {}).setdefault(key, {})
-            parts = key.split(".")
-            owner = next((".".join(parts[:i]) for i in range(len(parts), 0, -1)
-                          if ".".join(parts[:i]) in t.applied or ".".join(parts[:i]) in t.refused), key)
-            if owner in t.applied:
-                flag = t.applied[owner]["flag"]
-                what = (f"applied: --{flag.replace('_', '-')}" if flag else
-                        "applied, no flag of its own (it sets the batch split, or it is what minidist does anyway)")
-            else:
-                reason = t.refused[owner]
-                what = "refused: " + (reason.split(": ", 1)[1] if reason[:1].isdigit() or reason.startswith('"') and ": "
-                                      in reason else reason)
-            row.setdefault(what, set()).add(case.file)
+    read = [(case.reader, case.file, translate(case), input_keys(case)) for case in TRANSLATED]
     for name, world in TORCHTITAN:  # torchtitan's examples, with the model minidist runs them as
         path = f"{EXAMPLES}/{name}"
         t = fw.from_torchtitan(path, world, settings={"n_layer": 2, "n_embd": 64, "n_head": 8, "block_size": 16})
-        flat = fw.torchtitan.keys.Keys(fw.torchtitan.keys.read_toml(path), name).flat
-        for key in flat:
-            parts = key.split(".")
-            owner = next((".".join(parts[:i]) for i in range(len(parts), 0, -1)
-                          if ".".join(parts[:i]) in t.applied or ".".join(parts[:i]) in t.refused), key)
-            if owner in t.applied:
-                flag = t.applied[owner]["flag"]
-                what = (f"applied: --{flag.replace('_', '-')}" if flag else
-                        "applied, no flag of its own (it sets the batch split, or it is what minidist does anyway)")
-            else:
-                what = "refused: " + t.refused[owner]
-            seen.setdefault("torchtitan", {}).setdefault(key, {}).setdefault(what, set()).add(name)
+        read.append(("torchtitan", name, t, list(fw.torchtitan.keys.Keys(fw.torchtitan.keys.read_toml(path), name).flat)))
+    seen: dict[str, dict[str, dict[str, set]]] = {}
+    for reader, file, t, keys in read:
+        for key in keys:
+            seen.setdefault(reader, {}).setdefault(key, {}).setdefault(treatment(t, key), set()).add(file)
     lines = [APPENDIX_HEAD]
     for reader, title in (("deepspeed", "DeepSpeed JSON"), ("megatron", "Megatron-LM (and Megatron-DeepSpeed) flags"),
                           ("torchtitan", "torchtitan TOML")):

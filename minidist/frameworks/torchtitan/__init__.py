@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from minidist.frameworks.translation import Translation, finish_translation
 from minidist.frameworks.torchtitan.keys import FLOAT8, IGNORED, Keys, read_toml
-from minidist.frameworks.torchtitan.layout import read_batch, read_layout, read_model
+from minidist.frameworks.torchtitan.parallelism import read_batch, read_layout, read_model
 from minidist.frameworks.torchtitan.training import (fit_recompute, read_optimizer, read_precision, read_recompute,
                                                      read_schedule, read_training)
 
