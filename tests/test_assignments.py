@@ -11,7 +11,7 @@ import pytest
 
 from minidist.assignments import ASSIGNMENTS, BY_NAME
 from minidist.assignments.grade import grade, sandbox_problem
-from minidist.assignments.markers import all_regions, build, regions_in, repository_root
+from minidist.assignments.markers import _regions_in_text, all_regions, build, regions_in, repository_root
 
 ROOT = repository_root()
 NAMES = [a.name for a in ASSIGNMENTS]
@@ -43,10 +43,10 @@ def test_an_unclosed_region_names_its_line(tmp_path):
 
 def test_build_of_one_assignment_stubs_exactly_its_regions_and_stays_importable(tmp_path):
     stubbed = build(tmp_path, ["one_f_one_b"])
-    assert [r.name for r in stubbed] == ["one_f_one_b"]
+    assert [r.name for r in stubbed] == ["one_f_one_b"] * 2  # the warm-up and the 1F1B order
     assert not (tmp_path / "hidden_tests").exists()  # the instructor's hidden tests stay behind
     source = (tmp_path / "minidist/parallel/schedules.py").read_text()
-    assert source.count('raise NotImplementedError("YOUR CODE HERE")') == 1
+    assert source.count('raise NotImplementedError("YOUR CODE HERE")') == 2
     assert "        # YOUR CODE HERE\n" not in source and "    # YOUR CODE HERE\n" in source  # indentation kept
     assert "BEGIN SOLUTION" not in source
     # everything else is complete: the other regions keep their code and markers
@@ -54,7 +54,7 @@ def test_build_of_one_assignment_stubs_exactly_its_regions_and_stays_importable(
     check = ("import minidist.parallel.schedules as s, minidist.comm.algorithms, minidist.core.optim, "
              "minidist.parallel.data_parallel, minidist.parallel.tensor_layers\n"
              "assert s.__file__.startswith(%r)\n"
-             "try:\n    s.one_f_one_b(0, 2, 2)\nexcept NotImplementedError as e:\n    print(e)\n" % str(tmp_path))
+             "try:\n    list(s.one_f_one_b(0, 2, 2))\nexcept NotImplementedError as e:\n    print(e)\n" % str(tmp_path))
     proc = subprocess.run([sys.executable, "-c", check], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "YOUR CODE HERE", proc.stderr
 
@@ -118,3 +118,35 @@ def test_list_and_bad_names_on_the_command_line(tmp_path):
                           "--only", "magic"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "magic" in bad.stderr
     assert not (tmp_path / "x").exists()
+
+
+
+def source_text(file) -> str:
+    """A file's text; a notebook's code cells, one after the other."""
+    text = file.read_text()
+    if file.suffix == ".ipynb":
+        return "\n".join("".join(c["source"]) for c in json.loads(text)["cells"] if c["cell_type"] == "code")
+    return text
+
+
+def test_a_student_build_holds_no_answer(tmp_path):
+    """Every code line of every region (the answers, and their second copies such as a fast
+    kernel's) that appears nowhere else in the instructor's tree must appear nowhere in a full
+    student build: no copy of an answer survives in a helper, a notebook or a test."""
+    build(tmp_path, NAMES)
+    inside, outside = set(), set()
+    for file in [f for part in ("minidist", "tests", "notebooks") for f in (ROOT / part).rglob("*")
+                 if f.suffix in (".py", ".ipynb") and "__pycache__" not in f.parts and "assignments" not in f.parts
+                 and not f.name.startswith("test_assignments")]:
+        text = source_text(file)
+        marked = {n for r in _regions_in_text(text, file.name) for n in range(r.begin, r.end - 1)}
+        for number, line in enumerate(text.splitlines()):
+            code = line.split("#")[0].strip()
+            if len(code) >= 20:
+                (inside if number in marked else outside).add(code)
+    distinctive = inside - outside
+    assert len(distinctive) >= 40
+    leaks = [f"{file.relative_to(tmp_path)}: {line}" for file in tmp_path.rglob("*")
+             if file.suffix in (".py", ".ipynb", ".md") and file.is_file()
+             for line in distinctive if line in source_text(file)]
+    assert leaks == []

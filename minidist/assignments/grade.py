@@ -20,8 +20,9 @@ import tempfile
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
-from minidist.assignments.markers import (SKIPPED, RegionError, all_regions, answers_in_text, repository_root,
-                                          splice)
+from minidist.assignments.forbidden import forbidden_uses
+from minidist.assignments.markers import (SKIPPED, RegionError, all_regions, answers_in_text, notebook_answers,
+                                          repository_root, splice, splice_notebook)
 from minidist.assignments.registry import Assignment
 
 TEST_TIMEOUT = 120      # seconds per test (pytest-timeout)
@@ -30,7 +31,7 @@ CPU_SECONDS = 900       # RLIMIT_CPU of each process of a run (its ranks include
 ADDRESS_SPACE = 16 << 30  # RLIMIT_AS of each process of a run, bytes
 FILE_SIZE = 1 << 30     # RLIMIT_FSIZE: the largest file a run may write, bytes
 MESSAGE_LIMIT = 1200    # characters of a failure's message in the report
-GRADED_TREE = ("minidist", "tests", "pyproject.toml")  # what the graded tests need of the instructor's tree
+GRADED_TREE = ("minidist", "tests", "notebooks", "pyproject.toml")  # what the graded tests need of the instructor's tree
 INSTALL_BWRAP = "install bubblewrap (apt-get install bubblewrap) or pass --no-sandbox to grade unsandboxed"
 INSIDE = "/grading"     # where the copy is mounted in the sandbox
 
@@ -128,11 +129,18 @@ def _results(junit: Path) -> list[dict]:
     return rows
 
 
+def graded_paths(assignment: Assignment, root: Path | None = None) -> list[str]:
+    """The files holding the regions a student writes for `assignment` (sources and notebooks)."""
+    return sorted({r.path.split("#")[0] for r in all_regions(root) if r.name == assignment.name
+                   and r.kind == "solution"})
+
+
 def graded_copy(assignment: Assignment, student: Path, dest: Path, root: Path | None = None,
                 hidden: bool = False) -> list[str]:
     """Write into `dest` the instructor's tree (GRADED_TREE, and hidden_tests/ if `hidden`) with
     the regions of `assignment` taken from the submission `student`. Returns one line per region
-    that could not be taken (missing or malformed); nothing of the submission is copied then."""
+    that could not be taken (missing, malformed, or using what the assignment forbids: forbidden.py);
+    nothing of the submission is copied then."""
     root = root or repository_root()
     for name in GRADED_TREE + (("hidden_tests",) if hidden else ()):
         source = root / name
@@ -140,9 +148,8 @@ def graded_copy(assignment: Assignment, student: Path, dest: Path, root: Path | 
             shutil.copytree(source, dest / name, ignore=SKIPPED)
         elif source.exists():
             shutil.copy2(source, dest / name)
-    paths = sorted({r.path for r in all_regions(root) if r.name == assignment.name and "#" not in r.path})
     problems, spliced = [], {}
-    for path in paths:
+    for path in graded_paths(assignment, root):
         try:
             submitted = student / path
             if not submitted.is_file():
@@ -150,11 +157,22 @@ def graded_copy(assignment: Assignment, student: Path, dest: Path, root: Path | 
             if any(part.is_symlink() for part in (submitted, *submitted.parents) if student in (part, *part.parents)):
                 raise RegionError(f"{path}: a symbolic link in the submission (only the student's own files are "
                                   "read; a link could point at the reference)")
-            answers = answers_in_text(submitted.read_text(errors="replace"), path).get(assignment.name)
+            notebook = path.endswith(".ipynb")
+            read = notebook_answers if notebook else answers_in_text
+            try:
+                answers = read(submitted.read_text(errors="replace"), path).get(assignment.name)
+            except RegionError:
+                raise
+            except (ValueError, KeyError, TypeError) as error:  # JSONDecodeError is a ValueError
+                raise RegionError(f"{path}: not a notebook the grader can read ({error})") from None
             if not answers:
                 raise RegionError(f"{path}: no region of {assignment.name}: keep its '### BEGIN YOUR CODE "
                                   f"assignment={assignment.name}' and '### END YOUR CODE' lines around your code")
-            spliced[path] = splice((root / path).read_text(), assignment.name, answers, path)
+            for number, (_, body) in enumerate(answers, 1):
+                problems += forbidden_uses("".join(body), assignment.forbidden, f"{path}, region {number}",
+                                           f"write it yourself ({assignment.where})")
+            spliced[path] = (splice_notebook if notebook else splice)((root / path).read_text(), assignment.name,
+                                                                      answers, path)
         except RegionError as problem:
             problems.append(str(problem))
     if not problems:

@@ -4,7 +4,12 @@ put a student's regions back into a pristine copy of the source (what the grader
 In the instructor's tree a region is marked `### BEGIN SOLUTION assignment=<name>` ...
 `### END SOLUTION`. In a student copy each stubbed region keeps markers of its own,
 `### BEGIN YOUR CODE assignment=<name>` ... `### END YOUR CODE`: only the lines between them are
-graded, spliced into the instructor's source in place of the reference."""
+graded, spliced into the instructor's source in place of the reference.
+
+A second copy of an answer elsewhere in the library (the fast kernel of the same equations) is
+marked `### BEGIN REFERENCE assignment=<name> stub=<one line>` ... `### END REFERENCE`: the
+student copy holds the one line instead (e.g. a call of the student's own function), without
+markers; it is never graded."""
 from __future__ import annotations
 
 import json
@@ -15,12 +20,17 @@ from pathlib import Path
 
 BEGIN = re.compile(r"^(?P<indent>\s*)### BEGIN SOLUTION assignment=(?P<name>[A-Za-z0-9_]+)\s*$")
 END = re.compile(r"^\s*### END SOLUTION\s*$")
+REFERENCE_BEGIN = re.compile(r"^(?P<indent>\s*)### BEGIN REFERENCE assignment=(?P<name>[A-Za-z0-9_]+) stub=(?P<stub>\S.*)$")
+REFERENCE_END = re.compile(r"^\s*### END REFERENCE\s*$")
 ANSWER_BEGIN = re.compile(r"^(?P<indent>\s*)### BEGIN YOUR CODE assignment=(?P<name>[A-Za-z0-9_]+)\s*$")
 ANSWER_END = re.compile(r"^\s*### END YOUR CODE\s*$")
 STUB = ('{indent}### BEGIN YOUR CODE assignment={name}\n{indent}# YOUR CODE HERE\n'
         '{indent}raise NotImplementedError("YOUR CODE HERE")\n{indent}### END YOUR CODE\n')
 COPIED = ("minidist", "tests", "notebooks", "pyproject.toml", "README.md")  # what a student gets
-SKIPPED = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", ".ipynb_checkpoints")
+BUILD_OUTPUT = ("__pycache__", "*.pyc", "*.egg-info", ".ipynb_checkpoints")
+SKIPPED = shutil.ignore_patterns(*BUILD_OUTPUT)
+# a student copy also leaves out the grader's own tests: they quote answers to attack the grader
+SKIPPED_FOR_STUDENTS = shutil.ignore_patterns(*BUILD_OUTPUT, "test_assignments*.py")
 
 
 @dataclass(frozen=True)
@@ -29,6 +39,7 @@ class Region:
     path: str      # relative to the root
     begin: int     # 1-based line numbers of the two markers
     end: int
+    kind: str = "solution"  # or "reference": another copy of the answer, replaced by its stub line
 
 
 def repository_root() -> Path:
@@ -46,22 +57,27 @@ def regions_in(path: Path, root: Path) -> list[Region]:
 
 
 def _regions_in_text(text: str, relative: str) -> list[Region]:
-    found, open_at, name = [], None, None
+    found, open_at, name, kind = [], None, None, None
     for number, line in enumerate(text.splitlines(), 1):
-        begin, end = BEGIN.match(line), END.match(line)
-        if "BEGIN SOLUTION" in line and not begin:
-            raise ValueError(f"{relative}:{number}: a BEGIN SOLUTION marker needs 'assignment=<name>'")
+        begin = BEGIN.match(line) or REFERENCE_BEGIN.match(line)
+        end = END.match(line) or REFERENCE_END.match(line)
+        if ("BEGIN SOLUTION" in line or "BEGIN REFERENCE" in line) and not begin:
+            raise ValueError(f"{relative}:{number}: a BEGIN marker needs 'assignment=<name>' "
+                             "(and a REFERENCE marker 'stub=<one line>')")
         if begin:
             if open_at is not None:
-                raise ValueError(f"{relative}:{number}: BEGIN SOLUTION inside the region opened at line {open_at}")
-            open_at, name = number, begin["name"]
+                raise ValueError(f"{relative}:{number}: a BEGIN marker inside the region opened at line {open_at}")
+            open_at, name, kind = number, begin["name"], "reference" if "stub" in begin.groupdict() else "solution"
         elif end:
             if open_at is None:
-                raise ValueError(f"{relative}:{number}: END SOLUTION without a BEGIN SOLUTION")
-            found.append(Region(name, relative, open_at, number))
+                raise ValueError(f"{relative}:{number}: an END marker without a BEGIN marker")
+            if (kind == "reference") != bool(REFERENCE_END.match(line)):
+                raise ValueError(f"{relative}:{number}: the region opened at line {open_at} ends with the other "
+                                 "kind of END marker")
+            found.append(Region(name, relative, open_at, number, kind))
             open_at = None
     if open_at is not None:
-        raise ValueError(f"{relative}:{open_at}: BEGIN SOLUTION assignment={name} is never closed")
+        raise ValueError(f"{relative}:{open_at}: BEGIN marker of assignment={name} is never closed")
     return found
 
 
@@ -74,16 +90,19 @@ def all_regions(root: Path | None = None) -> list[Region]:
 
 
 def stub(text: str, selected: set[str]) -> str:
-    """`text` with each selected region replaced by the stub (at the marker's indentation);
-    the markers of the other regions are kept as they are."""
-    out, skipping = [], False
+    """`text` with each selected region replaced by the stub (at the marker's indentation), and
+    each selected reference region by its stub line; the markers of the other regions are kept."""
+    out, skipping = [], None
     for line in text.splitlines(keepends=True):
-        begin = BEGIN.match(line.rstrip("\n"))
+        bare = line.rstrip("\n")
+        begin = BEGIN.match(bare) or REFERENCE_BEGIN.match(bare)
         if begin and begin["name"] in selected:
-            out.append(STUB.format(indent=begin["indent"], name=begin["name"]))
-            skipping = True
+            reference = "stub" in begin.groupdict()
+            out.append(f"{begin['indent']}{begin['stub'].strip()}\n" if reference
+                       else STUB.format(indent=begin["indent"], name=begin["name"]))
+            skipping = REFERENCE_END if reference else END
         elif skipping:
-            skipping = not END.match(line.rstrip("\n"))
+            skipping = None if skipping.match(bare) else skipping
         else:
             out.append(line)
     return "".join(out)
@@ -103,7 +122,7 @@ def build(out: Path, selected: list[str], root: Path | None = None) -> list[Regi
     for name in COPIED:
         source, target = root / name, out / name
         if source.is_dir():
-            shutil.copytree(source, target, ignore=SKIPPED, dirs_exist_ok=True)
+            shutil.copytree(source, target, ignore=SKIPPED_FOR_STUDENTS, dirs_exist_ok=True)
         elif source.exists():
             shutil.copy2(source, target)
     stubbed = [r for r in all_regions(root) if r.name in selected]
@@ -181,3 +200,32 @@ def splice(text: str, name: str, answers: list[tuple[str, list[str]]], relative:
     if index < len(answers):
         raise RegionError(f"{relative}: {len(answers)} regions of {name}, the reference has {index}")
     return "".join(out)
+
+
+def notebook_answers(text: str, relative: str) -> dict[str, list[tuple[str, list[str]]]]:
+    """`answers_in_text` over a notebook's code cells, in order (a student may add cells)."""
+    found: dict[str, list[tuple[str, list[str]]]] = {}
+    for number, cell in enumerate(json.loads(text)["cells"]):
+        if cell["cell_type"] == "code":
+            for name, answers in answers_in_text("".join(cell["source"]), f"{relative}#cell{number}").items():
+                found.setdefault(name, []).extend(answers)
+    return found
+
+
+def splice_notebook(text: str, name: str, answers: list[tuple[str, list[str]]], relative: str) -> str:
+    """The instructor's notebook `text` with its regions of `name` replaced, cell by cell, by the
+    submission's `answers` in order (`splice` for each code cell that has such regions)."""
+    notebook, used = json.loads(text), 0
+    for number, cell in enumerate(notebook["cells"]):
+        source = "".join(cell["source"])
+        count = sum(1 for r in _regions_in_text(source, relative) if r.name == name) if cell["cell_type"] == "code" else 0
+        if count:
+            if used + count > len(answers):
+                raise RegionError(f"{relative}: cell {number} has {count} region(s) of {name}; the submission's "
+                                  f"notebook has {len(answers) - used} left")
+            cell["source"] = splice(source, name, answers[used:used + count], f"{relative}#cell{number}"
+                                    ).splitlines(keepends=True)
+            used += count
+    if used < len(answers):
+        raise RegionError(f"{relative}: {len(answers)} regions of {name}, the reference has {used}")
+    return json.dumps(notebook, indent=1, ensure_ascii=False) + "\n"

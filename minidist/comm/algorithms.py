@@ -235,6 +235,11 @@ def all_reduce_ring(ctx, buf, op):
 
 
 def _ring_reduce_scatter_inplace(ctx, buf, op, bounds):
+    """The first half of ring all-reduce, in place in `buf`: in N - 1 steps each rank sends one
+    chunk (bounds[i] = its [start, end)) to its right neighbour and adds what its left neighbour
+    sends into its own copy of that chunk (`op(a, b, out=a)`), so that afterwards rank r's chunk r
+    holds the reduction over all ranks (the other chunks hold partial sums). Each step yields the
+    list of its messages, [ctx.recv(...), ctx.send(...)], as the other algorithms in this file do."""
     ### BEGIN SOLUTION assignment=ring_all_reduce
     n, r = ctx.size, ctx.rank
     right, left = (r + 1) % n, (r - 1) % n
@@ -255,6 +260,7 @@ def reduce_scatter_ring(ctx, buf, op, out):
     `out`. Same schedule as the first half of ring all-reduce, but the partial sums travel
     in two chunk-sized buffers instead of overwriting the input.
     Per rank: N-1 messages, (N-1)/N x S bytes."""
+    ### BEGIN REFERENCE assignment=ring_all_reduce stub=yield from _reduce_scatter_on_a_copy(ctx, buf, op, out)
     n, r = ctx.size, ctx.rank
     bounds = chunk_bounds(buf.size, n)
     right, left = (r + 1) % n, (r - 1) % n
@@ -272,6 +278,17 @@ def reduce_scatter_ring(ctx, buf, op, out):
         yield [ctx.recv(incoming, left), ctx.send(outgoing, right)]
         op(incoming, buf[ra:rb], out=incoming)  # add my own contribution to the partial sum
         outgoing, send_buf, recv_buf = incoming, recv_buf, send_buf
+    ### END REFERENCE
+
+
+def _reduce_scatter_on_a_copy(ctx, buf, op, out):
+    """reduce_scatter_ring's result by the in-place ring on a copy of `buf` (one more buffer of
+    the full size): what the course's student copy runs instead, so that its ring is the student's."""
+    bounds = chunk_bounds(buf.size, ctx.size)
+    work = buf.copy()
+    yield from _ring_reduce_scatter_inplace(ctx, work, op, bounds)
+    start, end = bounds[ctx.rank]
+    out[...] = work[start:end]
 
 
 def all_gather_ring(ctx, out, bounds):

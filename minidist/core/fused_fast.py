@@ -271,6 +271,7 @@ class CrossEntropy(fused.CrossEntropy):
 def adamw_update(param, grad, exp_avg, exp_avg_sq, step, lr, betas, eps, weight_decay):
     """optim.adamw_update's equations with every intermediate term in one scratch array `s`
     instead of a fresh temporary per operation, the bias corrections folded into scalars."""
+    ### BEGIN REFERENCE assignment=adamw_update stub=from minidist.core.optim import plain_adamw_update; return plain_adamw_update(param, grad, exp_avg, exp_avg_sq, step, lr, betas, eps, weight_decay)
     beta1, beta2 = betas
     s = np.empty_like(param)
     if weight_decay:
@@ -288,6 +289,7 @@ def adamw_update(param, grad, exp_avg, exp_avg_sq, step, lr, betas, eps, weight_
     np.divide(exp_avg, s, out=s)
     s *= lr / (1.0 - beta1**step)
     param -= s                            # p -= lr / (1 - b1^t) * m / (sqrt(v / (1 - b2^t)) + eps)
+    ### END REFERENCE
 
 
 # ----------------------------------------------------------------------------- the fast path

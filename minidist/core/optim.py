@@ -120,6 +120,12 @@ def adamw_update(param, grad, exp_avg, exp_avg_sq, step, lr, betas, eps, weight_
         from minidist.core.fused_fast import adamw_update as fast
 
         return fast(param, grad, exp_avg, exp_avg_sq, step, lr, betas, eps, weight_decay)
+    plain_adamw_update(param, grad, exp_avg, exp_avg_sq, step, lr, betas, eps, weight_decay)
+
+
+def plain_adamw_update(param, grad, exp_avg, exp_avg_sq, step, lr, betas, eps, weight_decay):
+    """One AdamW step on arrays, in place, written as the equations: weight decay, the two moving
+    averages, their bias corrections, the step (chapter 1)."""
     ### BEGIN SOLUTION assignment=adamw_update
     beta1, beta2 = betas
     if weight_decay:

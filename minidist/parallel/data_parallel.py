@@ -180,6 +180,10 @@ class DistributedDataParallel(NaiveDistributedDataParallel):
 
     # -- overlapped averaging, driven by gradient hooks
     def _grad_ready(self, p) -> None:
+        """Called by backward as soon as `p`'s gradient is complete (a post-accumulate hook).
+        Count it against its bucket; when every parameter of the bucket is ready, launch the
+        bucket's all-reduce (`_launch`) without waiting for it: backward goes on computing the
+        earlier layers' gradients while this bucket travels (chapter 3, overlap)."""
         if not self.require_sync or self.group.size == 1:
             return  # nothing to average with (or accumulating locally under no_sync)
         started = time.perf_counter()
@@ -194,6 +198,11 @@ class DistributedDataParallel(NaiveDistributedDataParallel):
         self.hook_seconds += time.perf_counter() - started
 
     def _launch(self, bucket: Bucket) -> None:
+        """Start averaging one bucket over the data-parallel group, asynchronously. Every slot of
+        the bucket's flat buffer must first hold its parameter's gradient (zeros for a parameter
+        that got none this step, so that it adds nothing); then one non-blocking all-reduce
+        ("avg", this DDP's `algorithm`) of the whole buffer, kept in `bucket.work` to be waited
+        for in finish_gradient_synchronization."""
         ### BEGIN SOLUTION assignment=ddp_bucket_hook
         for p, slot in zip(bucket.params, bucket.views):
             if p.grad is None:

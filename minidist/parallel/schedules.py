@@ -110,17 +110,29 @@ def one_f_one_b(rank: int, stages: int, microbatches: int, warmup: int | None = 
     the stage idle, more only holds more activations without finishing sooner. (`warmup`
     overrides the count, to try exactly that: see tests/test_schedules.py and notebook 05.)
     """
-    ### BEGIN SOLUTION assignment=one_f_one_b
     _check_args(rank, stages, microbatches)
+    ### BEGIN SOLUTION assignment=one_f_one_b
     warmup = min(stages - rank - 1 if warmup is None else max(0, warmup), microbatches)
-    for i in range(warmup):
-        yield from _forward(rank, stages, i)
-    for j in range(microbatches - warmup):  # steady state: forward warmup+j, then backward j
-        yield from _forward(rank, stages, warmup + j)
-        yield from _backward(rank, stages, j)
-    for j in range(microbatches - warmup, microbatches):  # cool-down
-        yield from _backward(rank, stages, j)
+    ### END SOLUTION
+    for kind, i in in_1f1b_order(microbatches, warmup):
+        yield from (_forward if kind == FORWARD else _backward)(rank, stages, i)
     yield Instruction(STEP)
+
+
+def in_1f1b_order(count: int, warmup: int) -> Iterator[tuple[str, int]]:
+    """The order of 1F1B on one stage, as (FORWARD or BACKWARD, micro-batch) pairs: `warmup`
+    forwards, then one forward and one backward (forward warmup + j, backward j) while forwards
+    are left, then the remaining backwards (the cool-down). Each of `count` micro-batches goes
+    forward once and back once, in order. Interleaved 1F1B walks its virtual micro-batches in
+    the same order."""
+    ### BEGIN SOLUTION assignment=one_f_one_b
+    for i in range(warmup):
+        yield FORWARD, i
+    for j in range(count - warmup):  # steady state: forward warmup + j, then backward j
+        yield FORWARD, warmup + j
+        yield BACKWARD, j
+    for j in range(count - warmup, count):  # cool-down
+        yield BACKWARD, j
     ### END SOLUTION
 
 
@@ -163,21 +175,9 @@ def interleaved(rank: int, stages: int, microbatches: int, virtual_stages: int =
         warmup = 2 * (p - rank - 1) + (v - 1) * p
     warmup = min(max(0, warmup), total)
 
-    def fwd(k):
-        i, c = micro_chunk(k, True)
-        return _forward(rank, p, i, c, v)
-
-    def bwd(k):
-        i, c = micro_chunk(k, False)
-        return _backward(rank, p, i, c, v)
-
-    for k in range(warmup):
-        yield from fwd(k)
-    for k in range(total - warmup):  # steady state: forward warmup + k, then backward k
-        yield from fwd(warmup + k)
-        yield from bwd(k)
-    for k in range(total - warmup, total):  # cool-down
-        yield from bwd(k)
+    for kind, k in in_1f1b_order(total, warmup):
+        i, c = micro_chunk(k, kind == FORWARD)
+        yield from (_forward if kind == FORWARD else _backward)(rank, p, i, c, v)
     yield Instruction(STEP)
 
 

@@ -81,6 +81,9 @@ class CopyToTensorParallelRegion(Function):
 
     @staticmethod
     def backward(ctx, g):
+        """f's backward: the sum over the tensor-parallel group (`ctx.group`) of each rank's
+        gradient `g`, returned as (gradient of x, None for the group). `g` may be an array other
+        operations still read: reduce a copy, never `g` in place."""
         ### BEGIN SOLUTION assignment=tensor_parallel_f_g
         g = np.array(g, copy=True)  # the incoming gradient may be shared: never reduce in place
         return all_reduce(g, group=ctx.group), None
@@ -98,6 +101,8 @@ class ReduceFromTensorParallelRegion(Function):
 
     @staticmethod
     def forward(ctx, x, group):
+        """g's forward: the sum of every rank's partial output `x` over `group`, a new array
+        (`x` stays as it was)."""
         ### BEGIN SOLUTION assignment=tensor_parallel_f_g
         return all_reduce(np.array(x, copy=True), group=group)
         ### END SOLUTION
