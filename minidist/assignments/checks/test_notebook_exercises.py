@@ -12,14 +12,13 @@ NOTEBOOKS = Path(__file__).resolve().parents[3] / "notebooks"
 
 
 def exercise(notebook: str, function: str) -> dict:
-    """Run the code cell of `notebook` that defines `function`, up to its first blank line after
-    the definition's region (the rest of the cell is the notebook's own check); its namespace."""
+    """Run the code cell of `notebook` that defines `function` (an exercise cell holds only the
+    definition; the notebook's own check is the next cell); its namespace."""
     cells = json.loads((NOTEBOOKS / notebook).read_text())["cells"]
     source = next("".join(c["source"]) for c in cells if c["cell_type"] == "code"
                   and f"def {function}(" in "".join(c["source"]))
-    definition = source[:source.index("\n\n\n")] if "\n\n\n" in source else source
     namespace: dict = {}
-    exec(compile(definition, f"{notebook}:{function}", "exec"), namespace)  # noqa: S102 (the student's cell, sandboxed)
+    exec(compile(source, f"{notebook}:{function}", "exec"), namespace)  # the student's cell (sandboxed when graded)
     return namespace
 
 
