@@ -108,6 +108,15 @@ def stub(text: str, selected: set[str]) -> str:
     return "".join(out)
 
 
+def stub_notebook(text: str, selected: set[str]) -> str:
+    """`stub` on each code cell of a notebook's JSON `text`; everything else of the notebook kept."""
+    notebook = json.loads(text)
+    for cell in notebook["cells"]:
+        if cell["cell_type"] == "code":
+            cell["source"] = stub("".join(cell["source"]), selected).splitlines(keepends=True)
+    return json.dumps(notebook, indent=1, ensure_ascii=False) + "\n"
+
+
 class BuildError(ValueError):
     """A student copy that cannot be written where asked (one line)."""
 
@@ -127,12 +136,8 @@ def build(out: Path, selected: list[str], root: Path | None = None) -> list[Regi
             shutil.copy2(source, target)
     stubbed = [r for r in all_regions(root) if r.name in selected]
     for path in sorted({r.path.split("#")[0] for r in stubbed}):
-        if path.endswith(".ipynb"):  # each code cell's regions, the notebook's JSON otherwise kept
-            notebook = json.loads((root / path).read_text())
-            for cell in notebook["cells"]:
-                if cell["cell_type"] == "code":
-                    cell["source"] = stub("".join(cell["source"]), set(selected)).splitlines(keepends=True)
-            (out / path).write_text(json.dumps(notebook, indent=1, ensure_ascii=False) + "\n")
+        if path.endswith(".ipynb"):
+            (out / path).write_text(stub_notebook((root / path).read_text(), set(selected)))
         else:
             (out / path).write_text(stub((root / path).read_text(), set(selected)))
     return stubbed

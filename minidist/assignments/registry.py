@@ -68,7 +68,9 @@ ASSIGNMENTS = [
     Assignment("zero1_partition", 8, 3, 45,
                "minidist/parallel/zero.py Zero1Trainer._finish_gradients and all_gather_parameters "
                "(reduce-scatter each unit's gradients, all-gather the updated chunks)",
-               ("tests/test_parallel_zero.py::test_zero_equals_serial",),
+               # stages 1 and 2 (stage 3 replaces both methods with its own)
+               tuple(f"tests/test_parallel_zero.py::test_zero_equals_serial[{world}-{stage}]"
+                     for world in ("2", "3", "4", "4 on 2x2") for stage in (1, 2)),
                hidden=("hidden_tests/test_hidden_zero1.py",),
                forbidden=("all_reduce", "allreduce", "Allreduce", "Zero2Trainer", "Zero3Trainer", "DataParallelTrainer")),
     Assignment("mesh_groups", 9, 2, 30, "minidist/parallel/mesh.py axis_groups (the ranks that differ only along some axes) and coordinates; "

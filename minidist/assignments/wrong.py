@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from minidist.assignments.markers import answers_in_text, repository_root, splice
+from minidist.assignments.markers import answers_in_text, repository_root, splice, stub_notebook
 
 MAX_SHARE = re.compile(r"^max share:\s*([0-9.]+)\s*$", re.MULTILINE)
 
@@ -49,8 +49,8 @@ def wrong_solutions(root: Path | None = None) -> list[WrongSolution]:
 def submission_of(wrong: WrongSolution, paths: list[str], dest: Path, root: Path | None = None) -> Path:
     """A submission folder `dest` holding the assignment's graded files `paths`: its source file
     with the assignment's regions replaced by the wrong solution's, in order; a notebook whose
-    exercise cell is part of the assignment as the reference has it (the wrong solutions are
-    mistakes in the library's code)."""
+    exercise cell is part of the assignment left as the student copy has it, stubbed (a wrong
+    solution earns nothing it did not write)."""
     root = root or repository_root()
     answers = answers_in_text(wrong.path.read_text(), str(wrong.path)).get(wrong.assignment, [])
     sources = [path for path in paths if not path.endswith(".ipynb")]
@@ -60,5 +60,6 @@ def submission_of(wrong: WrongSolution, paths: list[str], dest: Path, root: Path
         target = dest / path
         target.parent.mkdir(parents=True, exist_ok=True)
         text = (root / path).read_text()
-        target.write_text(text if path.endswith(".ipynb") else splice(text, wrong.assignment, answers, path))
+        target.write_text(stub_notebook(text, {wrong.assignment}) if path.endswith(".ipynb")
+                          else splice(text, wrong.assignment, answers, path))
     return dest
