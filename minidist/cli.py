@@ -20,6 +20,7 @@ import argparse
 import math
 import os
 import sys
+import tempfile
 
 
 def _rank() -> int:
@@ -126,6 +127,11 @@ def _unwritable(path: str) -> str | None:
         return f"the directory {directory} does not exist"
     if not os.access(directory, os.W_OK | os.X_OK):
         return f"the directory {directory} is not writable"
+    try:  # what the write will do (a file beside it, renamed over it): permissions are not all (/proc, root)
+        with tempfile.NamedTemporaryFile(dir=directory, suffix=".tmp"):
+            pass  # removed on leaving
+    except OSError as error:
+        return f"cannot create a file in {directory} ({error.strerror or error})"
     return None
 
 

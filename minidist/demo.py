@@ -37,6 +37,9 @@ cp group, and what rank 0's attention computed), and layout gains "cp".
                                       # saves ckpt/step-000050/ ...; the same command again resumes
                                       # from the newest complete checkpoint (minidist/training/checkpoint.py),
                                       # with this layout or any other (resharded: minidist/training/reshard.py)
+    mpirun -n 2 python -m minidist.demo --pp 2 --trace run.json
+                                      # the whole job's trace (any layout, the tour too): open it in
+                                      # https://ui.perfetto.dev; python -m minidist.trace summary run.json
 
 Under `mpirun -n N` with no layout flags the demo runs the tour: the serial reference on rank 0
 (the others wait politely, without spinning), then every strategy in `minidist/training/strategies.py`
@@ -54,15 +57,16 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-from minidist import comm as dist, frameworks
+from minidist import comm as dist, frameworks, trace
 from minidist.training import checkpoint, strategies
 from minidist.comm import all_reduce_algorithm, faults, traffic
 from minidist.core.kernels import kernels
-from minidist.demo_flags import apply_layout_name, build_parser, check_args, is_tour, translate  # noqa: F401
+from minidist.demo_flags import apply_layout_name, build_parser, check_args, is_tour, least_memory, translate  # noqa: F401
+from minidist.plan.memory import format_bytes
 from minidist.training.layout import Layout, strategy
 from minidist.core.moe import MoEConfig
 from minidist.parallel import checkpointing
-from minidist.runtime import limit_threads_per_rank, tune_malloc
+from minidist.runtime import limit_threads_per_rank, memory_available, tune_malloc
 from minidist.core.tensor import set_default_dtype
 
 
@@ -77,8 +81,9 @@ def train(args, trainer, task, show: bool, first_step: int = 0, before_step=None
         if before_step:
             before_step(step)
         start = time.perf_counter()
-        loss, acc = trainer.step(step)
-        seconds.append(time.perf_counter() - start)
+        with trace.step(step, trainer):  # --trace: the step's span, then its memory ledger (minidist/trace)
+            loss, acc = trainer.step(step)
+            seconds.append(time.perf_counter() - start)
         losses.append(loss)
         accuracies.append(acc)
         bar.update(1)
@@ -107,6 +112,7 @@ def run(layout: Layout, args, config, task, world, show: bool, ranks=None, with_
     """Train one layout on `ranks` (default: all); collective over the whole world."""
     ranks = range(world.size) if ranks is None else ranks
     traffic.reset()
+    trace.resume()  # --trace records what the counters count: from here to traffic.gather()
     trainer, result, per_step = None, {}, {}
     if world.rank in ranks:
         trainer = strategies.make_trainer(layout, args, config, task, world)
@@ -124,6 +130,7 @@ def run(layout: Layout, args, config, task, world, show: bool, ranks=None, with_
     dist.barrier(timeout=math.inf if world.rank not in ranks else None)
     result["memory"] = world.comm.allgather(trainer.memory() if trainer else IDLE)
     result["comm"] = traffic.gather()
+    trace.pause()  # what follows (weights gathered for the report) is not training
     result["all_reduce_algorithms"] = sorted({kind.split("@")[0].split(".")[1] for counts in result["comm"]
                                               for kind in counts["by_kind"] if kind.startswith("all_reduce.")})
     result["traffic_by_group"] = world.comm.allgather({"rank": world.rank, **per_step})
@@ -153,7 +160,10 @@ def resume(layout: Layout, args, config, trainer, world) -> tuple[int, object]:
 
     def before_step(step: int) -> None:
         if step > first_step and step % args.checkpoint_every == 0:
-            checkpointing.save(args.checkpoint, step, trainer, facts, world)
+            try:  # a full disk: every rank stops with one line, the previous checkpoint still valid
+                checkpointing.save(args.checkpoint, step, trainer, facts, world)
+            except ValueError as error:
+                faults.fail(f"--checkpoint {args.checkpoint}: {error}")
         checkpointing.kill_if_asked(world.rank, step)
 
     return first_step, before_step
@@ -239,6 +249,7 @@ def main(argv=None) -> int:
         config, task, layout = check_args(args, world.size)
     except (ValueError, FileNotFoundError) as error:
         faults.fail(str(error))
+    check_memory(args, config, world)
     set_default_dtype(args.dtype)
     kernels(args.kernels)
 
@@ -248,6 +259,9 @@ def main(argv=None) -> int:
               "recompute": args.recompute, "optimizer": asdict(strategies.optim_settings(args))}
     if framework_config is not None:  # every key of the config: applied with the value used, or refused
         report["framework_config"] = framework_config
+    if args.trace:  # collective: the ranks' clocks are aligned first (minidist/trace/clock.py)
+        trace.begin(world, {"command": "python -m minidist.demo " + " ".join(sys.argv[1:] if argv is None else argv),
+                            "layout": report["layout_name"], "world_size": world.size})
     with all_reduce_algorithm(args.algorithm):  # every strategy's all-reduces, unless it names one
         if layout is None:
             report["tour"] = tour(args, config, task, world)
@@ -259,6 +273,21 @@ def main(argv=None) -> int:
     return finish(args, world, {**report, **result}, result["state"])
 
 
+def check_memory(args, config, world) -> None:
+    """Refuse, in one line before any work, a run that cannot fit: its least memory (a lower
+    bound, `least_memory`) against what the job's machines have available now. Each machine's
+    reading is shared, so every rank reaches the same verdict (chapter 2)."""
+    need, piles = least_memory(args, config, world.size)
+    have = memory_available()
+    if world.size > 1:
+        readings = world.comm.allgather(have)
+        have = sum(readings[ranks[0]] for ranks in world.nodes())
+    if need > have:
+        faults.fail(f"the model and batch need at least {format_bytes(need)} ({piles}), more than the "
+                    f"{format_bytes(have)} of memory available: make --n-embd, --n-layer, --block-size or "
+                    f"--batch-size smaller")
+
+
 def _span(ranks: list[int]) -> str:
     """"0-3" for consecutive ranks, else "0, 2"."""
     if ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 1:
@@ -267,12 +296,16 @@ def _span(ranks: list[int]) -> str:
 
 
 def finish(args, world, report: dict, state) -> int:
+    trace.end(args.trace, world)  # --trace: rank 0 writes the whole job's trace (collective; no-op without)
     if world.rank == 0:
         report.pop("state", None)
-        if args.json:
-            checkpoint.write_json(args.json, report)
-        if args.save:
-            checkpoint.save_weights(args.save, state)
+        for flag, path, write in (("--json", args.json, lambda: checkpoint.write_json(args.json, report)),
+                                  ("--save", args.save, lambda: checkpoint.save_weights(args.save, state))):
+            if path:
+                try:  # checked before training, but a disk can fill up meanwhile: one line, no temporary left
+                    write()
+                except OSError as error:
+                    faults.fail(f"{flag} {path}: cannot be written ({error.strerror or error})")
     return 0
 
 

@@ -20,6 +20,7 @@ from minidist.core.optim import DECAYS
 from minidist.core.recompute import check_recompute
 from minidist.training.layout import LAYOUT_FLAGS, Layout
 from minidist.core.moe import MoEConfig
+from minidist.plan.memory import activation_bytes, format_bytes, moe_param_count, param_count
 
 DESCRIPTION = "`python -m minidist.demo`: train the small GPT and watch it learn."
 
@@ -33,11 +34,14 @@ def data_source(text: str) -> str:
                                      f"no task or file named {text!r} (built-in tasks: 'sort')")
 
 
+MAX_STEPS = 10**9  # some thirty years at a step a second: a larger count is a typo
+
+
 def build_parser() -> argparse.ArgumentParser:
     positive = cli.integer(1)
     p = cli.OneLineParser(prog="python -m minidist.demo", description=DESCRIPTION,
                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--steps", type=positive, default=None, help="training steps (default 300; 20 per strategy in the tour)")
+    p.add_argument("--steps", type=cli.integer(1, MAX_STEPS), default=None, help="training steps (default 300; 20 per strategy in the tour)")
     p.add_argument("--batch-size", type=positive, default=16, help="global batch size (sequences per step)")
     p.add_argument("--lr", type=cli.number(0, lo_open=True), default=3e-3, help="peak learning rate (warm-up then cosine)")
     p.add_argument("--min-lr", type=cli.number(0), default=None, help="learning rate at the last step (default lr/10)")
@@ -105,6 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kernels", choices=["fast", "plain"], default="fast",
                    help="the operations' code path (chapter 1): fused_fast.py, or fused.py as its formulas")
     p.add_argument("--json", metavar="PATH", help="write the run's measurements as JSON (rank 0)")
+    p.add_argument("--trace", metavar="PATH", help="write the job's trace, every rank's spans, collectives and messages, "
+                   "in Chrome Trace Event Format (open it in https://ui.perfetto.dev; chapter 5; minidist/trace/)")
     p.add_argument("--save", metavar="PATH.npz", help="write the final weights, keyed by parameter name")
     p.add_argument("--checkpoint", metavar="DIR",
                    help="save the whole training state in DIR every --checkpoint-every steps; run the same "
@@ -163,12 +169,29 @@ def check_args(args, world_size: int):
         raise ValueError("--save needs one layout (e.g. --dp N): the tour trains many models and keeps none")
     if args.checkpoint is not None and layout is None:
         raise ValueError("--checkpoint needs one layout (e.g. --dp N): the tour trains many models and keeps none")
-    for flag, path in (("--json", args.json), ("--save", args.save)):
+    for flag, path in (("--json", args.json), ("--save", args.save), ("--trace", args.trace)):
         if path is not None:
             cli.check_writable(flag, path)
     if args.json is not None and args.save is not None and os.path.abspath(args.json) == os.path.abspath(args.save):
         raise ValueError(f"--json and --save name the same file {args.save}: the weights would overwrite the JSON")
     return config, task, layout
+
+
+def least_memory(args, config, world_size: int) -> tuple[int, str]:
+    """Bytes the run needs at the very least, all its ranks together, and what they hold: a lower
+    bound from the memory ledger's formulas (minidist/plan/memory.py, chapter 1), so that a run
+    that cannot fit is refused before it starts, never one that could. Whatever the layout, the
+    job holds every weight, its gradient and AdamW's two moments at least once, the batch's
+    tokens (inputs and targets, int64), and one sequence's activations in one block (its
+    attention scores, s x s per head, shared by at most every rank)."""
+    itemsize = 8 if args.dtype == "float64" else 4
+    params = moe_param_count(config) if isinstance(config, MoEConfig) else param_count(config)
+    states = 4 * params * itemsize
+    tokens = 2 * args.batch_size * args.block_size * 8
+    sequence = activation_bytes(config, 1, bytes_per_element=itemsize)["per_layer"] // world_size
+    return states + tokens + sequence, (f"{format_bytes(states)} for the weights, gradients and AdamW moments of "
+                                        f"{params:.3g} parameters, {format_bytes(tokens)} of tokens, "
+                                        f"{format_bytes(sequence)} of activations")
 
 
 def is_tour(args, world_size: int) -> bool:

@@ -56,6 +56,19 @@ def cores_available() -> int:
         return os.cpu_count() or 1
 
 
+def memory_available() -> int:
+    """Bytes of memory this machine can give a new job now (Linux's MemAvailable; elsewhere its
+    physical memory): what the demo compares a run's least memory with before it starts."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def limit_threads_per_rank(comm=None, say=True) -> int:
     """Give each rank on this machine its share of the cores for BLAS and OpenMP threads.
 

@@ -30,7 +30,7 @@ CORE = [f"core.{name}" for name in ENGINE] + [
 # What is about distribution: the processes and messages, the strategies, and what is built on them.
 DISTRIBUTED = [
     "comm", "parallel", "training.layout", "training.strategies", "demo", "demo_flags", "frameworks", "plan.search",
-    "plan.predict", "lab", "bench", "assignments",
+    "plan.predict", "lab", "bench", "assignments", "trace",
 ]
 # The package root holds the entry points and their plumbing only; everything else lives in the
 # folder of its layer (core, precision, comm, parallel, plan, training, frameworks, ...).

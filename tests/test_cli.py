@@ -22,7 +22,9 @@ NO_DIR = "no/such/dir/out.json"
 
 CASES = [  # (program, flag, arguments, ranks)
     (DEMO, "--steps", ["--steps", "0"], 1),
+    (DEMO, "--steps", ["--steps", "99999999999999999999999"], 1),  # beyond MAX_STEPS
     (DEMO, "--batch-size", ["--batch-size", "-4"], 1),
+    (DEMO, "--batch-size", ["--batch-size", "10000000000"], 1),  # more memory than the machine has
     (DEMO, "--lr", ["--lr", "nan"], 1),
     (DEMO, "--lr", ["--lr", "-1"], 1),
     (DEMO, "--min-lr", ["--min-lr", "-1"], 1),
@@ -38,7 +40,9 @@ CASES = [  # (program, flag, arguments, ranks)
     (DEMO, "--n-layer", ["--n-layer", "0"], 1),
     (DEMO, "--n-head", ["--n-head", "3"], 1),
     (DEMO, "--n-embd", ["--n-embd", "x"], 1),
+    (DEMO, "--n-embd", ["--n-embd", "10000000"], 1),
     (DEMO, "--block-size", ["--block-size", "4"], 1),
+    (DEMO, "--block-size", ["--block-size", "100000000"], 1),
     (DEMO, "--dropout", ["--dropout", "1.5"], 1),
     (DEMO, "--untied", ["--untied=yes"], 1),
     (DEMO, "--data", ["--data", "/proc/self/mem"], 1),
@@ -67,7 +71,9 @@ CASES = [  # (program, flag, arguments, ranks)
     (DEMO, "--kernels", ["--kernels", "gpu"], 1),
     (DEMO, "--json", ["--json", NO_DIR], 1),
     (DEMO, "--json", ["--json", ""], 1),
+    (DEMO, "--trace", ["--trace", NO_DIR], 1),
     (DEMO, "--save", ["--save", "."], 1),
+    (DEMO, "--save", ["--save", "/proc/w.npz"], 1),  # a place where no file can be created, even by root
     (DEMO, "--save", ["--save", "w.npz"], 2),  # the tour keeps no weights
     (DEMO, "--checkpoint", ["--checkpoint", "ckpt"], 2),  # nor checkpoints
     (DEMO, "--checkpoint-every", ["--checkpoint-every", "0"], 1),
@@ -114,6 +120,7 @@ CASES = [  # (program, flag, arguments, ranks)
     (DP, "--slow", ["--slow", "3ms"], 1),
     (DP, "--slow", ["--dp", "1,2", "--slow", "1:3"], 1),
     (DP, "--json", ["--json", NO_DIR], 1),
+    (DP, "--trace", ["--trace", NO_DIR], 1),
     (DP, "--torch", ["--torch=1"], 1),
     (PIPELINE, "--microbatches", ["--microbatches", "0"], 1),
     (PIPELINE, "--microbatches", ["--microbatches", "3"], 2),  # 16 rows do not split into 3
@@ -122,11 +129,13 @@ CASES = [  # (program, flag, arguments, ranks)
     (PIPELINE, "--steps", ["--steps", "0"], 1),
     (PIPELINE, "--batch-size", ["--batch-size", "0"], 1),
     (PIPELINE, "--json", ["--json", NO_DIR], 1),
+    (PIPELINE, "--trace", ["--trace", NO_DIR], 1),
     (ZERO, "--stages", ["--stages", "0,5"], 1),
     (ZERO, "--steps", ["--steps", "0"], 1),
     (ZERO, "--batch-size", ["--batch-size", "0"], 1),
     (ZERO, "--batch-size", ["--batch-size", "3"], 2),  # not divisible by 2 ranks
     (ZERO, "--json", ["--json", NO_DIR], 1),
+    (ZERO, "--trace", ["--trace", NO_DIR], 1),
     (COLLECTIVES, "--json", ["--json", NO_DIR], 1),
     (PLAN, "--calibrate", ["--calibrate=yes"], 1),
     (PLAN, "--ranks", ["--ranks", "1"], 1),

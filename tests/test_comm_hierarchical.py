@@ -26,7 +26,7 @@ def check_hierarchical(seed):
     import minidist.comm as dist
     from minidist.comm import traffic
 
-    comm, world = MPI.COMM_WORLD, dist.get_world()
+    world = dist.get_world()
     rng = np.random.default_rng(seed + 7919 * world.rank)
     mpi_op = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
     results = []  # (case, ok, detail)

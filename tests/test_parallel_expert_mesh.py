@@ -16,7 +16,6 @@ from minidist.comm.launch import run
 from minidist.core.data import make_task
 from minidist.core.moe import MoEConfig
 from minidist.core.tensor import default_dtype
-from minidist.parallel.expert_parallel import expert_parallel_traffic
 from minidist.training.layout import Layout
 from minidist.training.train import MoETrainer, OptimSettings
 
@@ -131,7 +130,6 @@ def test_traffic_is_the_formula_on_every_rank(launched, world):
     """Each rank sends, per pass of a micro-batch through one of its stage's MoE layers, 4 x
     (ep - 1) chunks of E/ep x S x C float64 over its ep group and (dp - 1) x k x E counts."""
     for layout in {2: TWO, 4: FOUR}[world]:
-        config = MoEConfig(**CONFIG, top_k=layout["top_k"], capacity_factor=1.0)
         dp, ep = layout.get("dp", 1), layout.get("ep", 1)
         for rank in launch(launched, world):
             r = rank[label(layout)]

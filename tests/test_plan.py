@@ -10,7 +10,6 @@ import pytest
 
 from minidist.plan import memory
 from minidist.bench.plan import demo_flags, spearman
-from minidist.comm import cost
 from minidist.core.model import GPT, GPTConfig
 from minidist.parallel import schedules as S
 from minidist.parallel.mesh import layout as mesh_layout
@@ -18,7 +17,7 @@ from minidist.parallel.pipeline import PipelineStage
 from minidist.parallel.zero import make_units
 from minidist.plan.search import PRESETS, SCHEDULES, candidate_layouts, format_table, main, plan, why_invalid
 from minidist.plan.predict import (Cluster, Layout, Workload, flops_per_step, group_span, heaviest_stage, in_flight,
-                                 interleaved_peak, padded_vocab, predict, rank_ledger, rank_parameter_count,
+                                 interleaved_peak, padded_vocab, rank_ledger, rank_parameter_count,
                                  rank_units, stage_ledger, state_bytes)
 from minidist.core.tensor import Tensor, graph_bytes
 from minidist.training.train import OptimSettings, make_optimizer

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import urllib.parse
 import urllib.request
@@ -93,6 +94,10 @@ def main(argv=None) -> int:
             regions = build(out, [a.name for a in chosen])
         except BuildError as e:
             p.error(f"argument out: {e}")
+        except OSError as e:  # a read-only or full place: one line, as for any bad argument
+            if isinstance(e, shutil.Error):  # copytree's list of (source, target, why): the first says enough
+                e = OSError(e.args[0][0][2]) if e.args and e.args[0] else e
+            p.error(f"argument out: cannot write {e.filename or args.out} ({e.strerror or e})")
         for r in regions:
             print(f"stubbed {r.name:22s} {r.path}:{r.begin}-{r.end}")
         print(f"wrote {out} ({len(chosen)} assignments, {len(regions)} regions)")

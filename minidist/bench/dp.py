@@ -9,6 +9,7 @@ counters) beside the ring formula 2(N-1)/N x gradient bytes.
     python -m minidist.bench dp --repeats 5 --json dp.json
     python -m minidist.bench dp --dp 2 --torch     # PyTorch's serial step and DDP (gloo) too
     python -m minidist.bench dp --dp 2 --slow 1:3  # rank 1 a straggler: 3 ms more per row
+    python -m minidist.bench dp --dp 2 --repeats 1 --trace dp.json   # that job's trace (minidist/trace/)
 
 How it runs: launch it as ONE ordinary process (not under mpirun). For each N it starts a job
 of N real MPI ranks with `minidist.comm.launch.run` (mpiexec from the virtualenv). Inside the
@@ -49,13 +50,16 @@ DP_MODES = ("naive", "bucketed", "balanced")  # the modes that average gradients
 
 
 def rank_program(modes: list[str], steps: int, warmup: int, batch: int, bucket_kb: int = 1024,
-                 dtype: str = "float32", wait: dict | None = None, slow: tuple | None = None) -> dict:
+                 dtype: str = "float32", wait: dict | None = None, slow: tuple | None = None,
+                 trace_path: str | None = None) -> dict:
     """Every variant in `modes` on this job's ranks, taking turns step by step.
     Returns {mode: {times: [s per step], bytes_sent, messages (per step), ...}} for this rank.
     `wait` (e.g. {"busy": 0.002} or {"polite": False}) sets `dist.set_wait_policy` on every rank,
     to measure how the waiting policy of minidist/comm/waiting.py affects the step. `slow` = (rank,
-    seconds per row) makes that rank's every trainer slower (`minidist.lab.stragglers`)."""
+    seconds per row) makes that rank's every trainer slower (`minidist.lab.stragglers`). With
+    `trace_path`, the job's trace (every mode's steps, in turns) is written there by rank 0."""
     from minidist import comm as dist
+    from minidist import trace
     from minidist.core.data import make_task
     from minidist.comm import traffic
     from minidist.core.model import GPTConfig
@@ -70,6 +74,8 @@ def rank_program(modes: list[str], steps: int, warmup: int, batch: int, bucket_k
     if wait:
         dist.set_wait_policy(**wait)
     world = dist.get_world()
+    if trace_path:
+        trace.begin(world, {"command": "python -m minidist.bench dp", "world_size": world.size, "modes": modes})
     settings = OptimSettings(lr=3e-3, steps=warmup + steps, warmup=2, min_lr=3e-4)
     with default_dtype(dtype):
         task = make_task("sort", CONFIG["block_size"], seed=0)
@@ -112,8 +118,11 @@ def rank_program(modes: list[str], steps: int, warmup: int, batch: int, bucket_k
                 if trainer is not None:
                     if hasattr(trainer, "timeline"):
                         trainer.timeline.clear()
-                    trainer.step(s)
-                seconds = time.perf_counter() - start
+                    with trace.step(s, trainer):  # --trace: a span, then the memory ledger (a no-op without)
+                        trainer.step(s)
+                        seconds = time.perf_counter() - start
+                else:
+                    seconds = time.perf_counter() - start
                 if s < warmup:
                     continue
                 after = traffic.snapshot()["total"]
@@ -132,13 +141,14 @@ def rank_program(modes: list[str], steps: int, warmup: int, batch: int, bucket_k
         grad_bytes = sum(p.data.nbytes for p in model.parameters())
         for rec in out.values():
             rec["grad_bytes"] = grad_bytes
+        trace.end(trace_path, world)
         return out
 
 
-def measure(n: int, modes: list[str], args, wait=None) -> dict:
+def measure(n: int, modes: list[str], args, wait=None, trace_path: str | None = None) -> dict:
     """One job of n ranks; per mode: the median step (slowest rank per step) and counts."""
     ranks = run(rank_program, n, modes, args.steps, args.warmup, args.batch, args.bucket_kb, args.dtype, wait,
-                args.slow, timeout=600)
+                args.slow, trace_path, timeout=600)
     out = {}
     for mode in modes:
         per_step = np.max(np.array([r[mode]["times"] for r in ranks]), axis=0)
@@ -189,6 +199,8 @@ def main(argv=None) -> int:
     parser.add_argument("--torch", action="store_true", help="also time PyTorch in the same jobs: its serial step "
                         "(torch-serial) and its DistributedDataParallel over gloo (torch-ddp, x its own serial)")
     parser.add_argument("--json", metavar="PATH", type=cli.output_file, help="write the records as a JSON list")
+    parser.add_argument("--trace", metavar="PATH", type=cli.output_file,
+                        help="write the trace of one job, the largest --dp's first, here (Chrome Trace Event Format)")
     args = parser.parse_args(argv)
     if args.slow:
         if min(args.dp) <= args.slow[0]:
@@ -210,7 +222,8 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     for round_ in range(args.repeats):
         for n in args.dp:
-            jobs[n].append(measure(n, job_modes(n, args), args))
+            traced = args.trace if (round_, n) == (0, max(args.dp)) else None  # one job's trace: the largest's first
+            jobs[n].append(measure(n, job_modes(n, args), args, trace_path=traced))
         print(f"  round {round_ + 1}/{args.repeats} done ({time.perf_counter() - started:.0f} s)", flush=True)
 
     records = [record(1, "serial", [job["serial"] for n in args.dp for job in jobs[n]], None, args)]

@@ -1,7 +1,7 @@
 """Benchmark: the pipeline bubble measured against (p - 1) / (m + p - 1) (chapters 4 and 5).
 
     mpirun -n 2 python -m minidist.bench pipeline [--microbatches 1,2,4,8] [--schedules gpipe,1f1b]
-                                                  [--virtual-stages 2] [--steps 4] [--json PATH]
+                                                  [--virtual-stages 2] [--steps 4] [--json PATH] [--trace PATH]
 
 (`--schedules 1f1b,interleaved --microbatches 2,4,8` compares interleaved 1F1B with plain 1F1B;
 the interleaved schedule skips an m that is not a multiple of p.)
@@ -18,7 +18,9 @@ message costs time, the last stage also runs the LM head and the loss, and the p
 Python overhead of a small micro-batch does not shrink with it. On a 2-core machine with 4
 ranks, two ranks share a core: their compute stretches, so use p = 2 for a clean figure.
 
-`measure(...)` is the rank program; notebooks call it through `minidist.comm.launch.run`.
+`measure(...)` is the rank program; notebooks call it through `minidist.comm.launch.run`. With
+--trace PATH the whole job (every schedule and m, step by step) is one trace file (minidist/trace/,
+`python -m minidist.trace summary PATH`); its steps' times then include the recording's cost.
 """
 from __future__ import annotations
 
@@ -36,15 +38,20 @@ DEFAULT_CONFIG = dict(vocab_size=256, block_size=64, n_layer=4, n_head=4, n_embd
 
 
 def measure(schedules=("gpipe", "1f1b"), microbatches=(1, 2, 4, 8), steps: int = 4, batch_size: int = 16,
-            config: dict | None = None, dtype: str = "float32", virtual_stages: int = 2) -> list[dict]:
+            config: dict | None = None, dtype: str = "float32", virtual_stages: int = 2,
+            trace_path: str | None = None) -> list[dict]:
     """Rank program: one record per (schedule, m), with this rank's events of the last step and
-    its pipeline traffic per step ("messages", "bytes_sent": this rank's, not the sum)."""
+    its pipeline traffic per step ("messages", "bytes_sent": this rank's, not the sum); with
+    `trace_path`, the job's trace written there (rank 0)."""
+    from minidist import trace
     from minidist.comm import get_world, traffic
     from minidist.parallel.pipeline import PipelineTrainer
     from minidist.core.tensor import default_dtype
 
     config = GPTConfig(**(config or DEFAULT_CONFIG))
     records = []
+    if trace_path:
+        trace.begin(get_world(), {"command": "python -m minidist.bench pipeline", "world_size": get_world().size})
     with default_dtype(dtype):
         task = make_task("sort", config.block_size, seed=0)
         for schedule in schedules:
@@ -58,8 +65,9 @@ def measure(schedules=("gpipe", "1f1b"), microbatches=(1, 2, 4, 8), steps: int =
                 seconds = []
                 for s in range(steps):
                     start = time.perf_counter()
-                    trainer.step(s)
-                    seconds.append(time.perf_counter() - start)
+                    with trace.step(s, trainer):  # --trace: a span, then the memory ledger (a no-op without)
+                        trainer.step(s)
+                        seconds.append(time.perf_counter() - start)
                 report = trainer.pipeline_report()
                 sent = traffic.snapshot().get("pipeline", {})
                 records.append({**report, "step_seconds": float(np.median(seconds[1:] or seconds)),
@@ -67,6 +75,7 @@ def measure(schedules=("gpipe", "1f1b"), microbatches=(1, 2, 4, 8), steps: int =
                                 "bytes_sent": sent.get("bytes_sent", 0) // steps,
                                 "bubble_per_step": trainer.bubbles, "events": trainer.step_events(),
                                 "memory": trainer.memory()})
+    trace.end(trace_path, get_world())
     return records
 
 
@@ -97,6 +106,7 @@ def main(argv=None):
     parser.add_argument("--steps", type=positive, default=4)
     parser.add_argument("--batch-size", type=positive, default=16)
     parser.add_argument("--json", type=cli.output_file, help="write the records (without events) to this file (rank 0)")
+    parser.add_argument("--trace", type=cli.output_file, help="write the job's trace (Chrome Trace Event Format) here")
     args = parser.parse_args(argv)
     world = get_world()
     config = GPTConfig(**DEFAULT_CONFIG)
@@ -112,7 +122,7 @@ def main(argv=None):
                              f"on {world.size} ranks: {error}")
     limit_threads_per_rank()  # ranks share the machine's cores (chapter 2)
     records = measure(args.schedules, args.microbatches, args.steps, args.batch_size,
-                      virtual_stages=args.virtual_stages)
+                      virtual_stages=args.virtual_stages, trace_path=args.trace)
     if world.rank == 0:
         print_table(records)
         if args.json:

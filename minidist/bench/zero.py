@@ -1,6 +1,6 @@
 """Benchmark: memory and traffic per rank under ZeRO stages 0-3, measured beside the formulas (chapter 8).
 
-    mpirun -n 4 python -m minidist.bench zero [--stages 0,1,2,3] [--steps 2] [--json PATH]
+    mpirun -n 4 python -m minidist.bench zero [--stages 0,1,2,3] [--steps 2] [--json PATH] [--trace PATH]
 
 Stage 0 is plain data parallelism (DataParallelTrainer, ring all-reduce). For each stage it
 trains the demo's GPT for a few float32 steps on the ranks of the job and prints, per rank:
@@ -15,7 +15,8 @@ gathered units and gradient buckets), and the bytes it sent per step against the
 
 Measured model states exceed the formula by the padding (each unit rounded up to a multiple of
 N elements): a few bytes. `measure(...)` is the rank program notebooks call through
-`minidist.comm.launch.run`.
+`minidist.comm.launch.run`. With --trace PATH every stage's steps go into one trace of the job
+(minidist/trace/): ZeRO-3's gathers before each block, its reduce-scatters in backward.
 """
 from __future__ import annotations
 
@@ -32,8 +33,10 @@ DEFAULT_CONFIG = dict(vocab_size=256, block_size=64, n_layer=4, n_head=4, n_embd
 
 
 def measure(stages=(0, 1, 2, 3), steps: int = 2, batch_size: int = 16, config: dict | None = None,
-            dtype: str = "float32") -> list[dict]:
-    """Rank program: one record per stage with this rank's memory ledger and traffic per step."""
+            dtype: str = "float32", trace_path: str | None = None) -> list[dict]:
+    """Rank program: one record per stage with this rank's memory ledger and traffic per step
+    (with `trace_path`, the job's trace written there by rank 0)."""
+    from minidist import trace
     from minidist.comm import get_world, traffic
     from minidist.parallel.data_parallel import DataParallelTrainer
     from minidist.parallel.zero import ZeroTrainer, make_units
@@ -45,6 +48,8 @@ def measure(stages=(0, 1, 2, 3), steps: int = 2, batch_size: int = 16, config: d
     config = GPTConfig(**(config or DEFAULT_CONFIG))
     settings = OptimSettings(lr=3e-3, steps=steps, warmup=1)
     records = []
+    if trace_path:
+        trace.begin(world, {"command": "python -m minidist.bench zero", "world_size": n})
     with default_dtype(dtype):
         task = make_task("sort", config.block_size, seed=0)
         itemsize = GPT(config).wte.weight.dtype.itemsize
@@ -58,7 +63,8 @@ def measure(stages=(0, 1, 2, 3), steps: int = 2, batch_size: int = 16, config: d
                 trainer = ZeroTrainer(config, settings, task, batch_size, group=world, stage=stage)
             traffic.reset()
             for s in range(steps):
-                trainer.step(s)
+                with trace.step(s, trainer):  # --trace: a span, then the memory ledger (a no-op without)
+                    trainer.step(s)
             kinds = traffic.snapshot()
             sent = {k: v["bytes_sent"] / steps for k, v in kinds.items() if k not in ("total", "check")}
             ledger = trainer.memory()
@@ -75,6 +81,7 @@ def measure(stages=(0, 1, 2, 3), steps: int = 2, batch_size: int = 16, config: d
                                                  if k.split(".")[0] in ("all_reduce", "reduce_scatter", "all_gather")),
                 "traffic_formula": zero_bytes_sent(stage, n, units, itemsize),
             })
+    trace.end(trace_path, world)
     return records
 
 
@@ -84,6 +91,8 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=cli.integer(1), default=2)
     parser.add_argument("--batch-size", type=cli.integer(1), default=16)
     parser.add_argument("--json", metavar="PATH", type=cli.output_file)
+    parser.add_argument("--trace", metavar="PATH", type=cli.output_file,
+                        help="write the job's trace (Chrome Trace Event Format) here")
     args = parser.parse_args(argv)
     from minidist.comm import get_world
     from minidist.runtime import limit_threads_per_rank
@@ -92,7 +101,7 @@ def main(argv=None) -> int:
     if args.batch_size % world.size:  # the same verdict on every rank, before any message
         parser.error(f"--batch-size {args.batch_size} is not divisible by the {world.size} ranks")
     limit_threads_per_rank()  # ranks share the machine's cores (chapter 2)
-    records = measure(args.stages, args.steps, args.batch_size)
+    records = measure(args.stages, args.steps, args.batch_size, trace_path=args.trace)
     everyone = world.comm.gather(records, root=0)
     if world.rank != 0:
         return 0

@@ -30,6 +30,6 @@ __all__ = [
     "World", "VerifiedGroup", "get_world", "get_rank", "get_world_size",
     "send", "recv", "isend", "irecv", "sendrecv", "wait", "Request", "CommTimeout",
     "set_wait_policy", "wait_policy",
-    "all_reduce", "all_reduce_algorithm", "choose_all_reduce", "reduce", "broadcast", "reduce_scatter", "all_gather", "all_to_all", "barrier",
+    "all_reduce", "all_reduce_algorithm", "any_rank", "choose_all_reduce", "reduce", "broadcast", "reduce_scatter", "all_gather", "all_to_all", "barrier",
     "Work", "CollectiveMismatch", "set_check", "unchecked",
 ]

@@ -25,10 +25,12 @@ when it was built (`World.verify`) the check is skipped.
 from __future__ import annotations
 
 import contextlib
+import copy
 
 import numpy as np
 from mpi4py import MPI
 
+from minidist import timeline
 from minidist.comm import algorithms as alg
 from minidist.comm import hierarchical, shared_memory, traffic
 from minidist.comm.consistency import (CollectiveMismatch, check_consistent, needs_check,  # noqa: F401
@@ -63,7 +65,7 @@ class _Ctx:
     with two integer additions, and note (request, op, peer, bytes) in `posted` so that a
     timeout can still name the peer it waited for."""
 
-    __slots__ = ("world", "comm", "rank", "size", "tag", "kind", "counts", "posted")
+    __slots__ = ("world", "comm", "rank", "size", "tag", "kind", "counts", "posted", "call")
 
     def __init__(self, world: World, kind: str):
         self.world, self.comm = world, world.coll_comm
@@ -72,6 +74,7 @@ class _Ctx:
         self.counts = traffic.counter(self.kind)
         self.counts.calls += 1
         self.posted = []
+        self.call = None  # (start, recorder, async) while a trace records this call (chapter 5)
 
     def send(self, array, peer):
         req = self.comm.Isend([array, _BYTE], peer, self.tag)  # slices of a contiguous flat array
@@ -139,6 +142,8 @@ class Work:
                 self._done, self._pending = True, None
                 if self._finish is not None:
                     self._finish()
+                if self._ctx is not None and self._ctx.call is not None:  # a trace: the call's span ends
+                    self._ctx.call[1].end_collective(self._ctx, self._result)
         return True
 
     def test(self) -> bool:
@@ -164,12 +169,16 @@ def _run(ctx, steps, result, async_op, finish=None):
     `finish` runs once it is done (e.g. the division of op="avg")."""
     if steps is None:
         steps = iter(())
+    if ctx is not None and timeline.RECORDER is not None:  # a trace records the call (chapter 5)
+        timeline.RECORDER.begin_collective(ctx, async_op)
     if async_op:
         return Work(ctx, steps, result, finish)
     for pending in steps:  # the blocking call: drive the schedule, waiting at every step
         ctx.wait(pending)
     if finish is not None:
         finish()
+    if ctx is not None and ctx.call is not None:
+        ctx.call[1].end_collective(ctx, result)
     return result
 
 
@@ -275,14 +284,16 @@ def _run_in_order(shared, buf, ufunc, array, async_op, average):
         shared.ctx = _Ctx(shared.world, _KIND["shared_memory"])
     else:
         shared.ctx.counts.calls += 1
-    steps = shared_memory.all_reduce_shared_memory(shared.ctx, buf, ufunc, average)
+    # a trace counts each call's bytes apart: a context of its own (`_run` gives it its counter)
+    ctx = shared.ctx if timeline.RECORDER is None else copy.copy(shared.ctx)
+    steps = shared_memory.all_reduce_shared_memory(ctx, buf, ufunc, average)
     before, shared.in_flight = shared.in_flight, None
     if before is not None:
         if async_op:
             steps = shared_memory.after(before, steps)
         else:
             before.wait()
-    result = _run(shared.ctx, steps, array, async_op)
+    result = _run(ctx, steps, array, async_op)
     if async_op:
         shared.in_flight = result
     return result
@@ -408,7 +419,7 @@ def barrier(group: World | None = None, timeout=None):
     world = resolve(group)
     world.open_collectives(timeout)  # a first collective duplicates the communicator: same timeout
     ctx = _Ctx(world, "barrier.dissemination")
-    Work(ctx, alg.barrier_dissemination(ctx), None).wait(timeout)
+    _run(ctx, alg.barrier_dissemination(ctx), None, async_op=True).wait(timeout)
 
 
 def any_rank(flag: bool, group: World | None = None) -> bool:

@@ -27,6 +27,15 @@ free its windows (`MPI_Win_free`) on this path: freeing is collective, and the o
 are not there to take part; unlinking the files is what releases their memory once the
 processes are gone.
 
+The same clean-up runs where minidist itself ends a rank, or is told to: before the SIGKILL of
+an injected fault (`MINIDIST_KILL`, minidist/parallel/checkpointing.py) and on SIGTERM (what
+mpirun passes on to every rank when it is itself terminated), after which the rank exits with
+status 143 (128 + SIGTERM), even from inside an MPI call (a thread watches for the signal:
+`_watch_sigterm`). An abort also removes the launcher's file: MPICH's hydra proxy writes the
+machine's topology to /tmp/hydra_hwloc_xmlfile_* for its ranks and deletes it when the job ends,
+but an aborted job's proxy is killed first and the file stays, one per failed job. The proxy
+(this rank's parent) holds the file open, which names it: `launcher_files`.
+
 `fail(message)` is for errors every rank detects alike before any message is sent (an
 invalid layout such as --dp 3 on 4 ranks): rank 0 prints one line, every rank exits with
 status 2; no traceback, no abort needed.
@@ -34,6 +43,7 @@ status 2; no traceback, no abort needed.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -71,12 +81,41 @@ def remove_shared_memory() -> None:
             pass  # another rank of the job removed it first
 
 
+def launcher_files() -> list[str]:
+    """The topology file of this job's hydra proxy (this process's parent), which holds it open."""
+    fds = f"/proc/{os.getppid()}/fd"
+    try:
+        names = os.listdir(fds)
+    except OSError:
+        return []  # not Linux, or not started by hydra
+    found = set()
+    for name in names:
+        try:
+            target = os.readlink(os.path.join(fds, name))
+        except OSError:
+            continue  # closed meanwhile
+        if os.path.basename(target).startswith("hydra_hwloc_xmlfile_"):
+            found.add(target)
+    return sorted(found)
+
+
+def remove_job_files() -> None:
+    """Remove what this job leaves behind when it does not end normally: its shared-memory
+    segments and its launcher's topology file (see the module's docstring)."""
+    remove_shared_memory()
+    for path in launcher_files():
+        try:
+            os.unlink(path)
+        except OSError:
+            pass  # another rank of the job removed it first
+
+
 def abort(exc_type, exc, tb, grace: float = 0.2):
     """Print the traceback once, remove this job's shared-memory files, end every rank."""
     sys.stderr.write(format_exception(exc_type, exc, tb))
     sys.stderr.flush()
     sys.stdout.flush()
-    remove_shared_memory()
+    remove_job_files()
     if MPI.COMM_WORLD.Get_size() > 1:
         # Other ranks often fail at the same moment for the same reason (a mismatch error is
         # raised on every rank); a short grace period lets them print before we kill them.
@@ -95,11 +134,61 @@ def _thread_hook(args):
     abort(args.exc_type, args.exc_value, args.exc_traceback)
 
 
+_ending = threading.Lock()
+_rank_pid = [None]  # the process that installed the handler (a forked child is not the rank)
+
+
+def _terminate(*_) -> None:
+    """SIGTERM: remove this job's files, then end the process with the status a SIGTERM gives
+    (128 + 15). Once, from whichever thread sees the signal first (see `_watch_sigterm`)."""
+    if os.getpid() != _rank_pid[0]:  # a child forked by the rank: it owns no job files
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    with _ending:
+        remove_job_files()
+        os._exit(128 + signal.SIGTERM)
+
+
+def _watch_sigterm(wakeup: int) -> None:
+    """Python runs a signal handler in the main thread, between two bytecodes: never while that
+    thread waits inside a C call (an MPI collective). The interpreter also writes each signal's
+    number to a wake-up pipe at once, so this thread sees a SIGTERM whatever the main thread
+    is doing (mpi4py releases the GIL while it waits)."""
+    while True:
+        try:
+            numbers = os.read(wakeup, 64)
+        except OSError:
+            return
+        if signal.SIGTERM in numbers:
+            _terminate()
+
+
+def _catch_sigterm() -> None:
+    """SIGTERM (mpirun passes it on to every rank when it is itself terminated) removes the
+    job's files first. Only where the program has no handler and no wake-up pipe of its own."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        return
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    theirs = signal.set_wakeup_fd(write)
+    if theirs != -1:  # the program's own (asyncio's): leave it, and SIGTERM, alone
+        signal.set_wakeup_fd(theirs)
+        os.close(read)
+        os.close(write)
+        return
+    _rank_pid[0] = os.getpid()
+    signal.signal(signal.SIGTERM, _terminate)
+    threading.Thread(target=_watch_sigterm, args=(read,), name="minidist-sigterm", daemon=True).start()
+
+
 def install():
-    """Make any uncaught exception, in any thread of this rank, abort the whole job."""
+    """Make any uncaught exception, in any thread of this rank, abort the whole job; and a
+    SIGTERM remove the job's files before it ends the rank."""
     if not _installed[0]:
         sys.excepthook = _hook
         threading.excepthook = _thread_hook
+        _catch_sigterm()
         _installed[0] = True
 
 

@@ -16,9 +16,12 @@ of hanging. `wait`, `Request`, `set_wait_policy` and `CommTimeout` can be import
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 from mpi4py import MPI
 
+from minidist import timeline
 from minidist.comm import traffic
 from minidist.comm.errors import CommTimeout  # noqa: F401  (re-exported)
 from minidist.comm.waiting import Request, poll, poll_until, set_wait_policy, wait, wait_policy  # noqa: F401
@@ -36,20 +39,30 @@ def isend(array: np.ndarray, dst: int, tag: int = 0, group: World | None = None,
     """Post a send of `array` to rank `dst`; returns at once. Do not modify `array` until the
     request completes. `comm` is used by the collectives (their private communicator)."""
     world = resolve(group)
+    posted = time.perf_counter()
     req = (comm or world.comm).Isend(_as_bytes(array), dst, tag)
     kind = traffic.labelled(kind, world)
     traffic.record_send(kind, array.nbytes)  # every message is counted
-    return Request(req, "send", dst, tag, array.nbytes, kind, world)
+    return _traced(Request(req, "send", dst, tag, array.nbytes, kind, world), posted, comm)
 
 
 def irecv(array: np.ndarray, src: int, tag: int = 0, group: World | None = None, *,
           kind: str = "recv", comm: MPI.Comm | None = None) -> Request:
     """Post a receive into the preallocated `array` from rank `src`; returns at once."""
     world = resolve(group)
+    posted = time.perf_counter()
     req = (comm or world.comm).Irecv(_as_bytes(array), src, tag)
     kind = traffic.labelled(kind, world)
     traffic.record_recv(kind, array.nbytes)
-    return Request(req, "recv", src, tag, array.nbytes, kind, world)
+    return _traced(Request(req, "recv", src, tag, array.nbytes, kind, world), posted, comm)
+
+
+def _traced(request: Request, posted: float, comm) -> Request:
+    """While a trace records (chapter 5), tell it of the message: a send is one end of an arrow,
+    the receive (when it is seen complete, waiting.py) the other."""
+    if timeline.RECORDER is not None:
+        timeline.RECORDER.posted(request, posted, comm is not None)
+    return request
 
 
 # -- the blocking spellings ------------------------------------------------------------------

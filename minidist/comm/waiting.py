@@ -37,6 +37,7 @@ import time
 
 from mpi4py import MPI
 
+from minidist import timeline
 from minidist.comm.errors import CommTimeout
 
 
@@ -77,14 +78,18 @@ def wait_policy() -> dict:
 class Request:
     """A posted message: the MPI request plus what we need to explain a timeout."""
 
-    __slots__ = ("mpi", "op", "peer", "tag", "nbytes", "kind", "world")
+    __slots__ = ("mpi", "op", "peer", "tag", "nbytes", "kind", "world", "trace")
 
     def __init__(self, mpi, op, peer, tag, nbytes, kind, world):
         self.mpi, self.op, self.peer, self.tag = mpi, op, peer, tag
         self.nbytes, self.kind, self.world = nbytes, kind, world
+        self.trace = None  # a receive a trace records, until it is seen complete (chapter 5)
 
     def test(self) -> bool:
-        return self.mpi.Test()
+        done = self.mpi.Test()
+        if done and self.trace is not None and timeline.RECORDER is not None:
+            timeline.RECORDER.completed([self], None)
+        return done
 
     def wait(self, timeout=None):
         wait([self], timeout)
@@ -104,8 +109,12 @@ def wait(requests, timeout: float | None = None):
         return
     raw = [r.mpi for r in requests]
     if MPI.Request.Testall(raw):  # the common case for small messages: already there
-        return
-    poll(raw, timeout, lambda: requests)
+        blocked_since = None
+    else:
+        blocked_since = time.perf_counter()
+        poll(raw, timeout, lambda: requests)
+    if timeline.RECORDER is not None:  # a trace: the receives' ends of their arrows, and the wait
+        timeline.RECORDER.completed(requests, blocked_since)
 
 
 def poll(raw: list, timeout: float | None = None, explain=None):

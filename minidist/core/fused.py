@@ -19,6 +19,7 @@ Shapes follow PyTorch: `linear` weights are (out_features, in_features); attenti
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -273,10 +274,32 @@ def scaled_dot_product_attention(q, k, v, causal=True, dropout_p=0.0, rng=None):
 # ----------------------------------------------------------------------------- dropout
 
 
+_rows = [None]  # (first, total) inside `dropout_rows`
+
+
+@contextlib.contextmanager
+def dropout_rows(first: int, total: int):
+    """Inside, every dropout mask is drawn for the whole batch of `total` rows, and this process
+    keeps its rows first, first + 1, ...: each row (sample) gets the mask a serial run of the
+    whole batch draws for it, whichever rank holds it and however many rows that rank holds.
+    For data parallelism with a changing split (chapter 3, `--balance`): the masks follow the
+    rows, so the run is the serial one whatever the split. It costs a draw of the whole batch's
+    masks on every rank. The batch is the first axis of every mask (tokens, attention weights)."""
+    previous, _rows[0] = _rows[0], (first, total)
+    try:
+        yield
+    finally:
+        _rows[0] = previous
+
+
 def _dropout_mask(shape, dtype, p, rng):
     if rng is None:
         raise ValueError("dropout needs an explicit np.random.Generator (rng=...) so runs are reproducible")
-    keep = rng.random(shape) >= p
+    if _rows[0] is None:
+        keep = rng.random(shape) >= p
+    else:  # the whole batch's draw, then this rank's rows (see dropout_rows)
+        first, total = _rows[0]
+        keep = rng.random((total, *shape[1:]))[first:first + shape[0]] >= p
     return keep.astype(dtype) * (1.0 / (1.0 - p))  # scale the kept ones so the mean is unchanged
 
 

@@ -16,6 +16,7 @@ from typing import Iterator
 import numpy as np
 
 from minidist.core import functional as F
+from minidist.core import tensor as engine
 from minidist.core.tensor import Tensor, get_default_dtype
 
 
@@ -33,8 +34,11 @@ class Module:
     """Base class: subclasses assign Parameters, Modules and ModuleLists as attributes."""
 
     training = True
+    layer_name = None  # set on the layers a trace records ("h.0", minidist/trace/, chapter 5)
 
     def __call__(self, *args, **kwargs):
+        if self.layer_name is not None and engine._tracer is not None:
+            return engine._tracer.layer(self, args, kwargs)  # its forward and backward become spans
         return self.forward(*args, **kwargs)
 
     def forward(self, *args, **kwargs):

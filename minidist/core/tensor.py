@@ -124,6 +124,19 @@ def profile():
         _profile = previous
 
 
+_tracer = None  # while a trace records (minidist/trace/, chapter 5): told of every backward() and layer
+
+
+def set_tracer(tracer):
+    """Install the object that records a trace (or None); returns the previous one. The engine
+    runs every `backward()` inside `tracer.backward()` and every module marked as a layer
+    (`Module.layer_name`) through `tracer.layer(module, args, kwargs)`, as `profile()` times
+    every Function: the recorder itself lives outside the core (minidist/trace/recorder.py)."""
+    global _tracer
+    previous, _tracer = _tracer, tracer
+    return previous
+
+
 # ----------------------------------------------------------------------------- Function
 
 
@@ -283,7 +296,11 @@ class Tensor:
             grad = as_array(grad, self.dtype)
             if grad.shape != self.shape:
                 raise ValueError(f"backward(): gradient of shape {grad.shape} for a tensor of shape {self.shape}")
-        _run_backward(self, grad)
+        if _tracer is None:
+            _run_backward(self, grad)
+        else:
+            with _tracer.backward():  # a span in the trace, and each layer's part of it (chapter 5)
+                _run_backward(self, grad)
 
     # -- operators: `a + b`, `a @ w`, `x.sum()`, `x.reshape(...)`, `x.T`, `x.astype(...)` are the
     #    operations of functional.py, and functional.py attaches them to this class (see the end

@@ -47,6 +47,9 @@ def main(argv=None) -> int:
                         extra = words(f.read()) + extra
                 except OSError as error:
                     raise ValueError(f"--file {args.file}: cannot read it ({error.strerror})") from None
+                except UnicodeDecodeError:  # a ValueError whose words name no file: say which
+                    raise ValueError(f"--file {args.file}: not a text file (Megatron-LM's arguments are UTF-8 "
+                                     "text)") from None
             t = from_megatron(extra, args.world)
     except ValueError as error:
         parser.error(str(error))

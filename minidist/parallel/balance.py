@@ -27,12 +27,15 @@ the default.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
 import numpy as np
 
+from minidist.core.fused import dropout_rows
 from minidist.parallel.data_parallel import DataParallelTrainer
 from minidist.training.reshard import whole
+from minidist.training.train import generators
 
 
 def even_split(batch_size: int, world_size: int) -> list[int]:
@@ -149,7 +152,21 @@ class BalancedDataParallelTrainer(DataParallelTrainer):
             measured = not np.isnan(per_row).any()
             self.balancer.per_row, self.balancer.fixed = (per_row.copy(), fixed.copy()) if measured else (None, None)
 
+    @contextlib.contextmanager
+    def masks(self, first: int):
+        """Dropout masks that follow the rows, not the split: every micro-batch draws the whole
+        batch's masks from where the step's generators started, and keeps its own rows
+        (`dropout_rows`). A row's mask is then the serial run's, whichever rank and micro-batch
+        the timing put it in, so a balanced run with dropout is deterministic and equals
+        serial to rounding (the sums' order follows the split)."""
+        for generator, state in self.step_generators:
+            generator.bit_generator.state = state
+        with dropout_rows(first, self.batch_size):
+            yield
+
     def forward_backward(self, x, y) -> tuple[float, float]:
+        # each micro-batch starts its draws from here; the last one leaves them one batch on, as serial's
+        self.step_generators = [(g, g.bit_generator.state) for _, g in generators(self.model)]
         started, self.ddp.hook_seconds = time.perf_counter(), 0.0  # the bucketed wrapper's hooks add to it
         means = super().forward_backward(x, y)
         # all-reduce work done in backward's hooks is communication, not this rank's speed (section 7)

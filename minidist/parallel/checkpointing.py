@@ -18,8 +18,11 @@ too (nothing is silently dropped).
 
 `run` describes what the checkpoint belongs to (model, dtype, batch, schedule...; its "layout"
 is recorded, not compared): a checkpoint of another run is refused with the differences named.
-An error found on one rank (its file is damaged) is shared, so every rank stops with the same
-one-line message. Loading sends no message of its own, so a half-loaded rank never hangs another.
+An error found on one rank (its file is damaged or unreadable, its disk is full) is shared, so
+every rank stops with the same one-line message, naming that rank; a save that fails leaves the
+previous checkpoint the newest, and no staging directory behind. Every rank tries its part of
+a load or a save before the ranks agree on the outcome (`agreed`), so a rank that failed never
+leaves another waiting.
 
 `snapshot(trainer, group)` is the same state in memory (every global array, whole, on every rank)
 and `trainer.load_global_state(snapshot)` takes it back: for tests and notebooks.
@@ -31,12 +34,13 @@ commit): fault injection on the real path, for the chaos tests.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 
 import numpy as np
 
+from minidist.comm import faults
 from minidist.training import checkpoint
-from minidist.comm import barrier
 from minidist.training.reshard import InMemory, assemble
 
 
@@ -50,17 +54,26 @@ def save(directory, step: int, trainer, run: dict, group) -> None:
     pieces = own_names(trainer, group.rank)
     places = group.comm.allgather({name: piece.where() for name, piece in pieces.items()})  # small
     writes, arrays = checkpoint.plan(places, group.size)  # the same on every rank
-    if group.rank == 0:
-        checkpoint.begin(directory, step)
-    barrier(group)  # the staging directory exists, empty
-    staging = checkpoint.staging(directory, step)
-    part = checkpoint.write_part(staging, group.rank, group.size,
-                                 {name: pieces[name].array for name in writes[group.rank]})
-    kill_if_asked(group.rank, step, "save")
-    parts = group.comm.gather(part, root=0)  # also the barrier: every part is on disk
-    if group.rank == 0:
-        checkpoint.commit(directory, staging, step, {**run}, parts, arrays)
-    barrier(group)  # nobody trains on (or exits) before the checkpoint is current
+    staging, part = checkpoint.staging(directory, step), None
+
+    def write():
+        nonlocal part
+        part = checkpoint.write_part(staging, group.rank, group.size,
+                                     {name: pieces[name].array for name in writes[group.rank]})
+
+    try:  # a rank that cannot write (a full disk) stops every rank, in one line (chapter 2)
+        agreed(lambda: group.rank == 0 and checkpoint.begin(directory, step), group)  # the staging directory exists
+        agreed(write, group)
+        kill_if_asked(group.rank, step, "save")
+        parts = group.comm.gather(part, root=0)  # also the barrier: every part is on disk
+        # nobody trains on (or exits) before the checkpoint is current
+        agreed(lambda: group.rank == 0 and checkpoint.commit(directory, staging, step, {**run}, parts, arrays), group)
+    except ValueError as error:
+        if group.rank == 0:
+            shutil.rmtree(staging, ignore_errors=True)  # nothing half-written left behind
+        newest = checkpoint.latest(directory)
+        kept = f"{newest} is still the newest checkpoint" if newest else "there is no checkpoint yet"
+        raise ValueError(f"the checkpoint of step {step} was not saved ({error}); {kept}") from None
 
 
 def resume(directory, trainer, run: dict, group) -> int | None:
@@ -91,15 +104,26 @@ def resume(directory, trainer, run: dict, group) -> int | None:
 
 
 def agreed(work, group) -> None:
-    """Run `work` on every rank; a ValueError on any stops every rank with the same message."""
+    """Run `work` on every rank, then agree: a ValueError or OSError on any rank (a damaged or
+    unreadable file, a full disk) raises the same ValueError on every rank, naming the rank
+    where only some failed. Every rank tries before any gives up, so none is left waiting."""
     error = None
     try:
         work()
-    except ValueError as why:
-        error = str(why)
-    errors = [e for e in group.comm.allgather(error) if e]  # one rank's damaged file stops them all
-    if errors:
-        raise ValueError(errors[0])
+    except (ValueError, OSError) as why:
+        error = said(why)
+    failed = [(rank, e) for rank, e in enumerate(group.comm.allgather(error)) if e]
+    if failed:
+        rank, message = failed[0]
+        alike = len(failed) == group.size and all(e == message for _, e in failed)
+        raise ValueError(message if alike else f"{message} (on rank {rank})")
+
+
+def said(error: Exception) -> str:
+    """An error in one line: an OSError as 'FILE: reason', without its errno."""
+    if isinstance(error, OSError) and error.strerror:
+        return f"{error.filename}: {error.strerror}" if error.filename else error.strerror
+    return str(error)
 
 
 def snapshot(trainer, group=None) -> InMemory:
@@ -127,4 +151,5 @@ def kill_if_asked(rank: int, step: int, phase: str = "train") -> None:
         return
     fields = spec.split(":")
     if int(fields[0]) == rank and int(fields[1]) == step and (fields[2:] or ["train"])[0] == phase:
+        faults.remove_job_files()  # a SIGKILL runs no clean-up: the injected fault does its own (chapter 2)
         os.kill(os.getpid(), signal.SIGKILL)

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from minidist import timeline
 from minidist.plan import memory
 from minidist.comm import all_reduce, any_rank, irecv, isend, wait
 from minidist.comm.world import World, resolve
@@ -381,7 +382,7 @@ class ContextParallelTrainer(Trainer):
         x, y = x[rows][:, positions], y[rows][:, positions]  # my replica's sequences, my tokens of them
         mine = y != IGNORE_INDEX
         self.optimizer.zero_grad()
-        with self.amp.autocast():  # fp32: nothing changes
+        with timeline.span("forward", "forward"), self.amp.autocast():  # fp32: nothing changes
             logits, loss = self.cp_model(x, y)
         share = loss * (int(mine.sum()) / counted)  # my tokens' part of the global mean
         if not self.activation_bytes:  # every step builds the same graph: measure it once

@@ -292,10 +292,12 @@ class DataParallelTrainer(Trainer):
         this rank's share of the global mean loss and accuracy."""
         dp, B, k = self.world.size, self.batch_size, self.accumulation
         loss_sum, acc_sum = 0.0, 0.0
+        first = sum(self.rows[:self.world.rank])  # the global batch's row this rank's micro-batch starts at
         for i, (mx, my) in enumerate(zip(np.array_split(x, k), np.array_split(y, k))):
             sync = contextlib.nullcontext() if i == k - 1 else self.ddp.no_sync()
             share = len(mx) / B  # of the global batch: the loss is a mean over all B rows
-            with sync:
+            with sync, self.masks(first):
+                first += len(mx)
                 with self.timeline.span(f"forward {i}", "forward"), self.amp.autocast():
                     logits, loss = self.ddp(mx, my)
                 if not self.activation_bytes:  # every step builds the same graph: measure it once
@@ -307,6 +309,12 @@ class DataParallelTrainer(Trainer):
             loss_sum += loss.item() * share
             acc_sum += accuracy(np.asarray(logits.data, dtype=np.float32), my) * share
         return loss_sum, acc_sum
+
+    def masks(self, first: int):
+        """Around the micro-batch that starts at the global batch's row `first`: the dropout
+        masks as each replica's generators draw them (every replica draws its own rows' worth
+        from the same seed). `BalancedDataParallelTrainer` makes them follow the rows instead."""
+        return contextlib.nullcontext()
 
     def optimizer_step(self, step: int) -> None:
         with self.timeline.span("optimizer", "optimizer"):

@@ -231,6 +231,9 @@ def format_table(table: list[Place]) -> str:
     return "\n".join([header, *rows])
 
 
+MAX_PRINTED = 1024  # ranks of the largest mesh `main` prints (a 1024-rank table is ~5 MB of text)
+
+
 def main(argv=None) -> None:
     from minidist.cli import OneLineParser, integer
 
@@ -242,6 +245,11 @@ def main(argv=None) -> None:
     parser.add_argument("--world", type=integer(1), default=None, help="world size (default: dp*tp*pp)")
     args = parser.parse_args(argv)
     world = args.world if args.world is not None else args.dp * args.tp * args.pp
+    ranks = max(world, args.dp * args.tp * args.pp)
+    if ranks > MAX_PRINTED:  # each line lists a group: the table grows as N^2
+        given = f" --world {args.world}" if args.world is not None else ""
+        parser.error(f"--dp {args.dp} --tp {args.tp} --pp {args.pp}{given}: a mesh of {ranks} ranks; the table "
+                     f"prints one line per rank, for at most {MAX_PRINTED} ranks")
     try:
         table = layout(world, dp=args.dp, tp=args.tp, pp=args.pp)
     except ValueError as error:

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from minidist import timeline
 from minidist.plan import memory
 from minidist.comm import all_gather, all_reduce, reduce_scatter
 from minidist.comm.world import World, resolve
@@ -163,7 +164,7 @@ class Zero1Trainer(Trainer):
         loss_sum = acc_sum = 0.0
         for mx, my in zip(np.array_split(x, self.accumulation), np.array_split(y, self.accumulation)):
             share = len(mx) / len(x)  # 1/k: the micro-batch's part of this rank's mean loss
-            with self.amp.autocast():  # fp32: nothing changes
+            with timeline.span("forward", "forward"), self.amp.autocast():  # fp32: nothing changes
                 logits, loss = self._forward(mx, my)
             if not self.activation_bytes:  # one micro-batch's graph, the same every time: measure it once
                 self.activation_bytes = graph_bytes(loss)
@@ -172,12 +173,13 @@ class Zero1Trainer(Trainer):
             loss_sum += loss.item() * share
             acc_sum += self.accuracy(logits.data, my) * share
         self._finish_gradients()
-        if not self.amp.low:  # the sharded AdamW's own step; in 16 bits on the fp32 master chunks
-            if self.settings.clip:
-                self.optimizer.clip_grad_norm_(self.settings.clip, *self.norm_groups())
-            self.optimizer.step(self.settings.lr_at(step))
-        else:
-            self.mixed_precision_step(step)
+        with timeline.span("optimizer", "optimizer"):  # a trace's span (chapter 5)
+            if not self.amp.low:  # the sharded AdamW's own step; in 16 bits on the fp32 master chunks
+                if self.settings.clip:
+                    self.optimizer.clip_grad_norm_(self.settings.clip, *self.norm_groups())
+                self.optimizer.step(self.settings.lr_at(step))
+            else:
+                self.mixed_precision_step(step)
         self.all_gather_parameters()
         stats = np.array([loss_sum, acc_sum])  # equal rows per rank: the mean of means is the mean
         all_reduce(stats, op="avg", group=self.group)

@@ -57,8 +57,10 @@ def _array_bytes(obj) -> int:
 
 
 def optimizer_bytes(optimizer) -> int:
-    """Bytes of all arrays in the optimizer's state (Adam: exp_avg and exp_avg_sq per parameter)."""
-    return _array_bytes(optimizer.state_dict()["state"])
+    """Bytes of all arrays in the optimizer's state (Adam: exp_avg and exp_avg_sq per parameter).
+    Read in place (`state_dict()` would copy them all: a trace reads the ledger every step)."""
+    state = getattr(optimizer, "state", None)
+    return _array_bytes(state if isinstance(state, list) else optimizer.state_dict()["state"])
 
 
 def ledger(model, optimizer=None, activation_bytes: int = 0) -> dict:

@@ -33,6 +33,7 @@ import math
 
 import numpy as np
 
+from minidist import timeline
 from minidist.precision.loss_scale import DynamicLossScaler
 from minidist.core.optim import AdamW, clip_grad_norm_, set_lr
 from minidist.precision import LOW_PRECISION, autocast, round_to
@@ -158,16 +159,17 @@ class Precision:
     def step(self, optimizer, step: int, agree=None, norm=None) -> bool:
         """The end of the step for `optimizer`'s parameters; True if it was skipped (an overflow).
         fp32: clip by the norm, schedule, AdamW. 16 bits: `finish_step` (unscale, agree, skip or
-        clip and update the masters)."""
-        if self.low:
-            return finish_step(optimizer, self.scaler, self.settings, step, agree, norm)
-        params = optimizer.params()
-        if self.settings.clip:
-            total = None if norm is None else norm([p.grad for p in params])
-            clip_grad_norm_(params, self.settings.clip, total)
-        set_lr(optimizer, self.settings.lr_at(step))
-        optimizer.step()
-        return False
+        clip and update the masters). Every trainer's optimizer step passes here: a trace's span."""
+        with timeline.span("optimizer", "optimizer"):
+            if self.low:
+                return finish_step(optimizer, self.scaler, self.settings, step, agree, norm)
+            params = optimizer.params()
+            if self.settings.clip:
+                total = None if norm is None else norm([p.grad for p in params])
+                clip_grad_norm_(params, self.settings.clip, total)
+            set_lr(optimizer, self.settings.lr_at(step))
+            optimizer.step()
+            return False
 
     def report(self) -> dict:
         """The demo's --json keys of a run's precision: the format, and the loss scale's history."""

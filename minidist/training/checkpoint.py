@@ -38,10 +38,11 @@ Written so that a crash at any moment leaves the newest complete checkpoint load
 
 `latest(DIR)` is the newest `step-N` directory, and a `.partial` one is never read: a save that
 died half-way is simply not there. Loading validates before using: `read_manifest` (its form,
-every piece inside its array), `check_run` (the same model, dtype, batch, schedule...; the layout
-may differ), and `Checkpoint`, whose `read(name)` assembles a global array from its pieces, each
-file's size, checksum, names, shapes and dtypes checked before its first use and every element
-covered exactly once; each failure names the file. `consolidate(path)`: every global array,
+field by field, every piece inside its array), `check_run` (the same model, dtype, batch,
+schedule...; the layout may differ; a step before the last), and `Checkpoint`, whose
+`read(name)` assembles a global array from its pieces, each file's size, checksum, names, shapes
+and dtypes checked before its first use and every element covered exactly once; each failure
+names the file. `consolidate(path)`: every global array,
 whole, in one process.
 
 No MPI here: `minidist/parallel/checkpointing.py` runs these steps on every rank of a job.
@@ -68,6 +69,8 @@ FORMAT = "minidist-checkpoint-v2"
 MANIFEST = "manifest.json"
 STEP = re.compile(r"^step-(\d+)$")
 LOCAL = re.compile(r"^rank\d+\.")  # rank R's own arrays: `rankR.<name>`
+PART = re.compile(r"^rank-\d{5}-of-\d{5}\.npz$")  # `part_name`'s
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def step_name(step: int) -> str:
@@ -82,11 +85,15 @@ def part_name(rank: int, size: int) -> str:
 
 
 def write_synced(path: Path, data: bytes) -> None:
-    """Write and fsync: on disk before anything (a rename, a manifest) says the file is there."""
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    """Write and fsync: on disk before anything (a rename, a manifest) says the file is there.
+    An error names the file (a full disk's does not by itself)."""
+    try:
+        with open(path, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as error:
+        raise OSError(error.errno, error.strerror, str(path)) from None
 
 
 def fsync_directory(path: Path) -> None:
@@ -127,11 +134,18 @@ def begin(directory, step: int) -> Path:
     return path
 
 
+def foreign(dtype) -> bool:
+    """A dtype registered by another package (ml_dtypes' bfloat16 and fp8 formats), which an
+    .npz cannot name: NumPy writes its descriptor ('<V2', '<f1') and reads back raw bytes or
+    nothing. Its `kind` is no test: ml_dtypes says 'V' for some formats and 'f' for others."""
+    return np.dtype(dtype).isbuiltin == 2
+
+
 def stored(array: np.ndarray) -> np.ndarray:
-    """What the file holds: the array, or for a format NumPy cannot save (bfloat16, fp8: dtype
-    kind 'V') its bit patterns as unsigned integers of the same width."""
+    """What the file holds: the array, or for a format NumPy cannot save (bfloat16, fp8:
+    `foreign`) its bit patterns as unsigned integers of the same width."""
     array = np.asarray(array)
-    return array.view(f"u{array.dtype.itemsize}") if array.dtype.kind == "V" else array
+    return array.view(f"u{array.dtype.itemsize}") if foreign(array.dtype) else array
 
 
 def plan(places: list[dict[str, dict]], size: int) -> tuple[list[list[str]], dict]:
@@ -203,28 +217,68 @@ def read_manifest(path) -> dict:
         raise ValueError(f"{file}: damaged, not valid JSON ({error})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ValueError(f"{file}: not a {FORMAT} manifest")
-    match = STEP.match(Path(path).name)
-    if match and int(match.group(1)) != manifest.get("step"):
-        raise ValueError(f"{file}: says step {manifest.get('step')}, but its directory is {Path(path).name}")
     check_form(manifest, file)
+    match = STEP.match(Path(path).name)
+    if match and int(match.group(1)) != manifest["step"]:
+        raise ValueError(f"{file}: says step {manifest['step']}, but its directory is {Path(path).name}")
     return manifest
 
 
+def _shown(value) -> str:
+    """A field's value in an error message, as the JSON said it (short)."""
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _field(entry: dict, key: str, file: Path, where: str, kind: str, ok) -> object:
+    """`entry[key]`, refused in one line naming the field (`where` + key) unless `ok(value)`."""
+    if key not in entry:
+        raise ValueError(f"{file}: field {where}{key}: missing")
+    value = entry[key]
+    if isinstance(value, bool) or not ok(value):
+        raise ValueError(f"{file}: field {where}{key}: expected {kind}, got {_shown(value)}")
+    return value
+
+
+def _is_array_listing(value) -> bool:
+    """A part's "arrays": {name: [shape, dtype string]}, as `shapes` writes it."""
+    return isinstance(value, dict) and all(
+        isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], list) and isinstance(pair[1], str)
+        and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in pair[0]) for pair in value.values())
+
+
 def check_form(manifest: dict, file: Path) -> None:
-    """Every part entry and every array's shape, dtype and pieces well formed, each piece inside
-    its array and in a listed file: an edited manifest is refused here, by name, before any read."""
+    """The manifest's schema, field by field (an edited one is refused here, in one line naming
+    the field, before any read), then every array's shape, dtype and pieces, each piece inside
+    its array and in a listed file."""
+    _field(manifest, "step", file, "", "a whole number >= 0", lambda v: isinstance(v, int) and v >= 0)
     parts = manifest.get("parts")
-    if not isinstance(parts, list) or not all(isinstance(p, dict) and {"file", "bytes", "sha256", "arrays"} <= set(p)
-                                              for p in parts):
-        raise ValueError(f"{file}: its parts are not a list of file entries (file, bytes, sha256, arrays)")
-    files = {p["file"] for p in parts}
+    if not isinstance(parts, list) or not parts:
+        raise ValueError(f"{file}: field parts: expected a list of file entries, got {_shown(parts)}")
+    for i, part in enumerate(parts):
+        where = f"parts[{i}]."
+        if not isinstance(part, dict):
+            raise ValueError(f"{file}: field parts[{i}]: expected a file entry (file, bytes, sha256, arrays), "
+                             f"got {_shown(part)}")
+        # a plain part name: a manifest never sends a reader outside its own directory
+        _field(part, "file", file, where, "a part name rank-RRRRR-of-NNNNN.npz",
+               lambda v: isinstance(v, str) and PART.match(v))
+        _field(part, "bytes", file, where, "a whole number >= 0", lambda v: isinstance(v, int) and v >= 0)
+        _field(part, "sha256", file, where, "64 hexadecimal digits", lambda v: isinstance(v, str) and SHA256.match(v))
+        _field(part, "arrays", file, where, "{name: [shape, dtype]}", _is_array_listing)
+    files = [p["file"] for p in parts]
+    if len(set(files)) != len(files):
+        raise ValueError(f"{file}: field parts: lists a file twice")
+    files = set(files)
     arrays = manifest.get("arrays")
     if not isinstance(arrays, dict):
-        raise ValueError(f"{file}: has no arrays section")
+        raise ValueError(f"{file}: field arrays: expected {{name: entry}}, got {_shown(arrays)}")
     for name, entry in arrays.items():
         try:
             _check_entry(entry, files)
-        except (KeyError, TypeError, ValueError) as why:
+        except KeyError as why:
+            raise ValueError(f"{file}: array {name}: malformed entry (field {why.args[0]} missing)") from None
+        except (TypeError, ValueError) as why:
             raise ValueError(f"{file}: array {name}: malformed entry ({why!s})") from None
 
 
@@ -262,6 +316,10 @@ def check_run(manifest: dict, run: dict, path) -> None:
     found = differences(facts(manifest.get("run")), facts(run))
     if found:
         raise ValueError(f"checkpoint {path} belongs to another run: " + "; ".join(found))
+    steps = run.get("steps") if isinstance(run, dict) else None
+    if isinstance(steps, int) and not manifest["step"] < steps:  # a run saves only steps it goes on from
+        raise ValueError(f"{Path(path) / MANIFEST}: field step: {manifest['step']} is not below the run's "
+                         f"{steps} steps")
 
 
 def read_file(file: Path, entry: dict) -> dict[str, np.ndarray]:
@@ -270,6 +328,8 @@ def read_file(file: Path, entry: dict) -> dict[str, np.ndarray]:
         data = file.read_bytes()
     except FileNotFoundError:
         raise ValueError(f"{file}: missing") from None
+    except OSError as error:  # a directory in its place, no permission, an I/O error
+        raise ValueError(f"{file}: cannot be read ({error.strerror or error})") from None
     if len(data) != entry["bytes"]:
         raise ValueError(f"{file}: {len(data)} bytes, the manifest says {entry['bytes']} (truncated or damaged)")
     if hashlib.sha256(data).hexdigest() != entry["sha256"]:
@@ -377,22 +437,30 @@ def write_json(path: str, report: dict) -> None:
 def save_weights(path: str, state: dict) -> None:
     """The final weights by name. A format an .npz cannot hold (bfloat16 would come back as raw
     bytes, dtype |V2) is written as float32, which holds its values exactly."""
-    state = {k: np.asarray(v, dtype=np.float32) if np.asarray(v).dtype.kind == "V" else v for k, v in state.items()}
+    state = {k: np.asarray(v, dtype=np.float32) if foreign(np.asarray(v).dtype) else v for k, v in state.items()}
     replace_atomically(path, "wb", lambda f: np.savez(f, **state))
 
 
 def replace_atomically(path: str, mode: str, write) -> None:
     """Write beside `path`, then rename over it: a reader never sees half a file, and a failed
-    write leaves neither a half file nor its temporary. The file gets the user's umask."""
+    write leaves neither a half file nor its temporary. The file gets the user's umask.
+
+    A full disk may only show when the buffered bytes reach it (the flush at close), so the
+    close, fsync and rename are inside the clean-up too (chapter 2: nothing left behind)."""
     directory = os.path.dirname(os.path.abspath(path))
-    with tempfile.NamedTemporaryFile(mode, dir=directory, delete=False, suffix=".tmp") as f:
-        try:
+    f = tempfile.NamedTemporaryFile(mode, dir=directory, delete=False, suffix=".tmp")
+    try:
+        with f:
             write(f)
-        except BaseException:
-            f.close()
+            f.flush()
+            os.fsync(f.fileno())  # on disk before the rename makes it the file
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(f.name, 0o666 & ~umask)  # NamedTemporaryFile makes 0600
+        os.replace(f.name, path)
+    except BaseException:
+        try:
             os.unlink(f.name)
-            raise
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(f.name, 0o666 & ~umask)  # NamedTemporaryFile makes 0600
-    os.replace(f.name, path)
+        except OSError:
+            pass  # already renamed, or never there
+        raise

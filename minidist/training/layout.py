@@ -131,7 +131,7 @@ class Layout:
     def _check_combination(self, config) -> None:
         """Which switches combine: each refusal says why, as the frameworks refuse it too."""
         moe = isinstance(config, MoEConfig)
-        d, t, p, c, e, m, z = self.dp, self.tp, self.pp, self.cp, self.ep, self.microbatches, self.zero
+        d, t, p, c, e, z = self.dp, self.tp, self.pp, self.cp, self.ep, self.zero
         if e > 1 and not moe:
             raise ValueError("--ep needs --experts E (expert parallelism splits the experts of a MoE model)")
         if moe:
