@@ -12,6 +12,8 @@ TCP), the slow end-to-end runs, and every notebook. The quick tier deselects (it
 the notebooks and whatever is marked `@pytest.mark.full`, a test or one of its parameters
 (`pytest.param(..., marks=pytest.mark.full)`, `layout(..., full=True)`). A file runs alone
 either way: `pytest tests/test_x.py` runs its quick tests, `pytest --full tests/test_x.py` all.
+One more set is left out of both: grading every wrong solution the course ships, minutes of it
+(`pytest --full --every-wrong-solution`; the full tier grades two per assignment).
 """
 from __future__ import annotations
 
@@ -27,17 +29,21 @@ from minidist.training.train import OptimSettings, SerialTrainer
 def pytest_addoption(parser):
     parser.addoption("--full", action="store_true", default=False,
                      help="the full tier: every test and every notebook, as CI runs them (default: the quick tier)")
+    parser.addoption("--every-wrong-solution", action="store_true", default=False,
+                     help="grade every shipped wrong solution of the course (about 10 minutes on 2 cores; "
+                          "the full tier grades two per assignment: tests/test_assignments_wrong.py)")
 
 
 def pytest_collection_modifyitems(config, items):
-    if config.getoption("--full"):
-        return
-    quick, full_only = [], []
-    for item in items:
-        (full_only if item.path.suffix == ".ipynb" or item.get_closest_marker("full") else quick).append(item)
-    if full_only:
-        config.hook.pytest_deselected(items=full_only)
-        items[:] = quick
+    def left_out(item):
+        if item.get_closest_marker("every_wrong_solution"):
+            return not (config.getoption("--full") and config.getoption("--every-wrong-solution"))
+        return not config.getoption("--full") and (item.path.suffix == ".ipynb" or item.get_closest_marker("full"))
+
+    deselected = [item for item in items if left_out(item)]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [item for item in items if not left_out(item)]
 
 
 def pytest_report_collectionfinish(config):
