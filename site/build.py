@@ -2,14 +2,19 @@
 
 mkdocs cannot use the repository root as its docs folder, so this script assembles one:
 
-- chapters/ (the texts, the appendix, solutions/ and any figures), as they are;
+- chapters/ (the texts, the appendix, solutions/ and any figures), as they are, and the book's
+  figures drawn by site/figures.py (`write_figures(out)`) into chapters/figures/;
 - notebooks/NN_*.ipynb, executed top to bottom so that every plot is in the page (nbclient,
   with a progress bar); executed notebooks are cached under --cache, keyed by the notebook's
   bytes and the minidist sources, so an unchanged book builds in seconds;
-- index.md (the README's opening and a table of the chapters);
+- index.md (the README's opening, its Quick start and a table of the chapters);
 - MathJax 3 from the npm registry (`npm install mathjax@3` into --cache), served by the site
   itself: no CDN, so the math renders offline;
-- any repository file a chapter links to (e.g. ../minidist/parallel/zero.py), so the link works;
+- the Noto Sans SC font from the npm registry (@fontsource/noto-sans-sc, also into --cache) for
+  the Chinese terms, split into unicode-range subsets so a page downloads only those it uses:
+  without it a machine with no CJK font shows them as empty boxes;
+- any repository file a chapter or notebook links to (e.g. ../minidist/parallel/zero.py), so the
+  link works (site/hooks.py points a notebook's links at the site's pages and files);
 
 then writes a config that inherits site/mkdocs.yml, adds the nav (each chapter's notebook next
 to it, then the appendix and the solutions), and runs `mkdocs build`.
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -38,6 +44,11 @@ MATHJAX_PACKAGE = "mathjax@3"
 # What the site serves of MathJax's es5/ folder: the TeX-to-HTML component and what it loads
 # on demand (fonts, TeX extensions, the menu). Not the speech engine (sre, 4 MB) or SVG output.
 MATHJAX_PARTS = ["tex-chtml.js", "input", "output/chtml", "output/chtml.js", "ui", "a11y", "adaptors"]
+FONT_PACKAGE = "@fontsource/noto-sans-sc@5"
+FONT_FAMILY = "Noto Sans SC"
+# About 2.4 MB of woff2 per weight (its CJK subsets); bold and light are synthesized from 400.
+FONT_WEIGHTS = ["400"]
+FONT_DIR = "stylesheets/fonts/noto-sans-sc"   # where the site serves it
 CELL_TIMEOUT_S = 300  # as the test suite's nbmake timeout
 
 
@@ -148,29 +159,38 @@ def execute_notebooks(notebooks: list[Path], cache: Path, root: Path) -> dict[Pa
     return executed
 
 
-# --- MathJax, from the npm registry ----------------------------------------------------------
+# --- MathJax and a font, from the npm registry ----------------------------------------------
+
+
+def npm_install(prefix: Path, package: str, wanted: Path, what: str) -> bool:
+    """`npm install package` into prefix once; whether `wanted` is there afterwards.
+
+    Each package gets a prefix of its own: npm prunes from a prefix what it was not asked for."""
+    if wanted.exists():
+        return True
+    npm = shutil.which("npm")
+    if npm is None:
+        say(f"{what}: npm is not installed")
+        return False
+    prefix.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run(
+        [npm, "install", "--silent", "--no-audit", "--no-fund", "--no-save", "--prefix", str(prefix),
+         package],
+        capture_output=True, text=True,
+    )
+    if result.returncode != 0 or not wanted.exists():
+        say(f"{what}: `npm install {package}` failed\n" + result.stderr.strip()[-2000:])
+        return False
+    return True
 
 
 def fetch_mathjax(cache: Path) -> Path | None:
     """MathJax's es5/ folder (npm install into the cache once), or None if it cannot be had."""
     es5 = cache / "npm" / "node_modules" / "mathjax" / "es5"
-    if (es5 / "tex-chtml.js").exists():
+    if npm_install(cache / "npm", MATHJAX_PACKAGE, es5 / "tex-chtml.js",
+                   "MathJax NOT served (math shows as TeX source)"):
         return es5
-    npm = shutil.which("npm")
-    if npm is None:
-        say("MathJax NOT served: npm is not installed; math shows as TeX source")
-        return None
-    (cache / "npm").mkdir(parents=True, exist_ok=True)
-    result = subprocess.run(
-        [npm, "install", "--silent", "--no-audit", "--no-fund", "--no-save",
-         "--prefix", str(cache / "npm"), MATHJAX_PACKAGE],
-        capture_output=True, text=True,
-    )
-    if result.returncode != 0 or not (es5 / "tex-chtml.js").exists():
-        say(f"MathJax NOT served: `npm install {MATHJAX_PACKAGE}` failed; math shows as TeX source\n"
-            + result.stderr.strip()[-2000:])
-        return None
-    return es5
+    return None
 
 
 def copy_mathjax(es5: Path, target: Path) -> None:
@@ -183,19 +203,89 @@ def copy_mathjax(es5: Path, target: Path) -> None:
             shutil.copy2(source, target / part)
 
 
+def fetch_font(cache: Path) -> Path | None:
+    """The @fontsource package's folder (npm install into the cache once), or None."""
+    package = cache / "npm-fonts" / "node_modules" / "@fontsource" / "noto-sans-sc"
+    if npm_install(cache / "npm-fonts", FONT_PACKAGE, package / f"{FONT_WEIGHTS[0]}.css",
+                   f"{FONT_FAMILY} NOT served (Chinese shows as boxes where no CJK font is installed)"):
+        return package
+    return None
+
+
+FONT_URL = re.compile(r"url\(\s*['\"]?\./files/([^'\")]+\.woff2)['\"]?\s*\)\s*format\(['\"]woff2['\"]\)")
+# The Unicode blocks of Chinese text: radicals, CJK punctuation, kana and bopomofo, the
+# ideographs, compatibility ideographs and forms, full-width forms, the supplementary ideographs.
+CJK_BLOCKS = [(0x2E80, 0x9FFF), (0xF900, 0xFAFF), (0xFE30, 0xFE4F), (0xFF00, 0xFFEF),
+              (0x20000, 0x3FFFF)]
+
+
+def cjk_only(unicode_range: str) -> str:
+    """A unicode-range cut down to CJK_BLOCKS ("" if nothing is left).
+
+    The font's subsets also hold Latin letters, punctuation and symbols; cut down, it never
+    draws those, so it can come first in the font stacks (see site/stylesheets/extra.css) and
+    leave all other text to the theme's fonts."""
+    kept = []
+    for part in unicode_range.split(","):
+        part = part.strip().upper().removeprefix("U+")
+        low, _, high = part.partition("-")
+        if "?" in low:
+            low, high = low.replace("?", "0"), low.replace("?", "F")
+        for block_first, block_last in CJK_BLOCKS:
+            first, last = max(int(low, 16), block_first), min(int(high or low, 16), block_last)
+            if first <= last:
+                kept.append(f"U+{first:X}" + (f"-{last:X}" if last > first else ""))
+    return ", ".join(kept)
+
+
+def copy_font(package: Path, target: Path) -> int:
+    """The font's @font-face rules (woff2 only, CJK ranges only) and the woff2 subsets they name
+    into target; returns the bytes copied.
+
+    Each rule carries a unicode-range, so a browser downloads only the subsets whose characters
+    a page shows (a few hundred KB for a chapter)."""
+    (target / "files").mkdir(parents=True, exist_ok=True)
+    rules = []
+    for weight in FONT_WEIGHTS:
+        css = (package / f"{weight}.css").read_text(encoding="utf-8")
+        for rule in re.findall(r"@font-face\s*{[^}]*}", css):
+            woff2 = FONT_URL.search(rule)
+            ranges = re.search(r"unicode-range:([^;]*);", rule)
+            if woff2 is None or ranges is None or not cjk_only(ranges.group(1)):
+                continue
+            rule = re.sub(r"src:[^;]*;", f"src: url(files/{woff2.group(1)}) format('woff2');", rule)
+            rules.append(rule.replace(ranges.group(0), f"unicode-range: {cjk_only(ranges.group(1))};"))
+            shutil.copy2(package / "files" / woff2.group(1), target / "files" / woff2.group(1))
+    version = json.loads((package / "package.json").read_text(encoding="utf-8"))["version"]
+    (target / "noto-sans-sc.css").write_text(
+        f"/* {FONT_FAMILY} {version} from @fontsource/noto-sans-sc (SIL Open Font License 1.1,"
+        " see LICENSE), its CJK subsets */\n" + "\n".join(rules) + "\n", encoding="utf-8")
+    shutil.copy2(package / "LICENSE", target / "LICENSE")
+    return sum(f.stat().st_size for f in target.rglob("*") if f.is_file())
+
+
 # --- the docs folder -------------------------------------------------------------------------
 
 LINK = re.compile(r"\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 
 
+def markdown_of(path: Path) -> str:
+    """A page's Markdown: a .md file's text, a notebook's Markdown cells."""
+    if path.suffix == ".ipynb":
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        return "\n\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    return path.read_text(encoding="utf-8")
+
+
 def copy_linked_files(docs: Path, root: Path) -> list[str]:
-    """Copy into docs the repository files that its Markdown links to but it lacks."""
+    """Copy into docs the repository files that its Markdown (pages and notebooks) links to but
+    it lacks."""
     copied = []
-    for md in docs.rglob("*.md"):
-        for target in LINK.findall(md.read_text(encoding="utf-8")):
-            if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I) or target.startswith(("#", "/")):
+    for page in sorted(docs.rglob("*.md")) + sorted(docs.rglob("*.ipynb")):
+        for target in LINK.findall(markdown_of(page)):
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.IGNORECASE) or target.startswith(("#", "/")):
                 continue
-            relative = (md.parent / target.split("#")[0]).resolve()
+            relative = (page.parent / target.split("#")[0]).resolve()
             try:
                 inside = relative.relative_to(docs.resolve())
             except ValueError:
@@ -208,8 +298,30 @@ def copy_linked_files(docs: Path, root: Path) -> list[str]:
     return copied
 
 
+def readme_sections(readme: str) -> list[tuple[str, str]]:
+    """The README as (heading, text) pairs, split at its `## ` headings (not inside code
+    fences); the opening comes first, with heading ""."""
+    sections, heading, lines, fence = [], "", [], False
+    for line in readme.splitlines():
+        if line.lstrip().startswith("```"):
+            fence = not fence
+        if line.startswith("## ") and not fence:
+            sections.append((heading, "\n".join(lines).strip()))
+            heading, lines = line[3:].strip(), []
+        lines.append(line)
+    sections.append((heading, "\n".join(lines).strip()))
+    return sections
+
+
+HOME_SECTIONS = ["", "Quick start"]   # of the README, on the home page
+
+
 def index_page(root: Path, parts: dict) -> str:
-    readme = (root / "README.md").read_text(encoding="utf-8").split("\n## ")[0]
+    sections = dict(readme_sections((root / "README.md").read_text(encoding="utf-8")))
+    missing = [name for name in HOME_SECTIONS if name not in sections]
+    if missing:
+        say(f"home page: the README has no section {', '.join(map(repr, missing))}")
+    readme = "\n\n".join(sections[name] for name in HOME_SECTIONS if name in sections)
     lines = [readme.strip(), "", "## The book", "", "| # | chapter | notebook |", "|---|---|---|"]
     for chapter in parts["chapters"]:
         notebook = chapter["notebook"]
@@ -223,6 +335,24 @@ def index_page(root: Path, parts: dict) -> str:
                   + ", ".join(f"[{s['path'].stem}](chapters/solutions/{s['path'].name})"
                               for s in parts["solutions"]) + "."]
     return "\n".join(lines) + "\n"
+
+
+def draw_figures(target: Path) -> None:
+    """The book's figures, drawn by site/figures.py (`write_figures(out) -> list`) into target.
+
+    Figures already under chapters/figures/ came in with the chapters; these are drawn fresh."""
+    script = SITE / "figures.py"
+    if not script.exists():
+        say("figures: site/figures.py does not exist; no figures drawn")
+        return
+    spec = importlib.util.spec_from_file_location("site_figures", script)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module   # where dataclasses and pickle look a module's names up
+    spec.loader.exec_module(module)
+    target.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    written = module.write_figures(target)
+    say(f"figures: {len(written)} drawn into chapters/figures/ in {time.perf_counter() - start:.1f} s")
 
 
 def nav(parts: dict) -> list:
@@ -251,6 +381,7 @@ def assemble(work: Path, out: Path, root: Path, cache: Path, execute: bool) -> P
     for notebook, source in executed.items():
         shutil.copy2(source, docs / "notebooks" / notebook.name)
     (docs / "index.md").write_text(index_page(root, parts), encoding="utf-8")
+    draw_figures(docs / "chapters" / "figures")
 
     shutil.copytree(SITE / "javascripts", docs / "javascripts")
     extra_javascript = []
@@ -259,6 +390,15 @@ def assemble(work: Path, out: Path, root: Path, cache: Path, execute: bool) -> P
         copy_mathjax(es5, docs / "javascripts" / "mathjax")
         extra_javascript = ["javascripts/mathjax-config.js", "javascripts/mathjax/tex-chtml.js"]
         say(f"MathJax {json.loads((es5.parent / 'package.json').read_text())['version']} served from the site")
+
+    shutil.copytree(SITE / "stylesheets", docs / "stylesheets")
+    extra_css = []
+    font = fetch_font(cache)
+    if font is not None:
+        size = copy_font(font, docs / FONT_DIR)
+        extra_css.append(f"{FONT_DIR}/noto-sans-sc.css")
+        say(f"{FONT_FAMILY} served from the site ({size / 1e6:.1f} MB, weight {', '.join(FONT_WEIGHTS)})")
+    extra_css.append("stylesheets/extra.css")   # the font stacks, FONT_FAMILY first
 
     copied = copy_linked_files(docs, root)
     if copied:
@@ -273,6 +413,7 @@ def assemble(work: Path, out: Path, root: Path, cache: Path, execute: bool) -> P
         "nav": nav(parts),
         "hooks": [str(SITE / "hooks.py")],
         "extra_javascript": extra_javascript,
+        "extra_css": extra_css,
     }
     path = work / "mkdocs.yml"
     path.write_text(yaml.safe_dump(config, allow_unicode=True, sort_keys=False), encoding="utf-8")
@@ -304,7 +445,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-execute", action="store_true",
                         help="render the notebooks as committed (no outputs, no plots)")
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE,
-                        help="executed notebooks and MathJax (default: %(default)s)")
+                        help="executed notebooks, MathJax and the font (default: %(default)s)")
     args = parser.parse_args(argv)
     build(args.out, args.cache, execute=not args.no_execute)
 
