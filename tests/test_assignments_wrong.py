@@ -31,6 +31,14 @@ def test_every_assignment_ships_three_wrong_solutions_one_of_which_does_nothing(
         assert all(0 <= w.max_share < 1 for w in wrongs), name
 
 
+def test_the_instructors_guide_lists_every_wrong_solution_with_its_share():
+    guide = (ROOT / "docs" / "instructors.md").read_text()
+    for wrong in WRONG:
+        assert f"| `{wrong.assignment}` | `{wrong.name}` |" in guide, f"docs/instructors.md lacks {wrong.path.name}"
+        row = next(line for line in guide.splitlines() if line.startswith(f"| `{wrong.assignment}` | `{wrong.name}` |"))
+        assert row.rstrip(" |").endswith(f"{wrong.max_share:g}"), row
+
+
 def test_each_wrong_solution_has_one_region_per_reference_region():
     for wrong in WRONG:
         regions = [r for r in all_regions(ROOT) if r.name == wrong.assignment and r.kind == "solution"
