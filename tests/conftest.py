@@ -17,6 +17,7 @@ One more set is left out of both: grading every wrong solution the course ships,
 """
 from __future__ import annotations
 
+import functools
 import numpy as np
 import pytest
 
@@ -124,3 +125,17 @@ def ranks_on_each_node(comm) -> list[int]:
 def ranks_share_a_node(comm) -> bool:
     """Whether every rank of `comm` runs on one node, as MPI reports it."""
     return len(ranks_on_each_node(comm)) == 1
+
+
+@functools.cache
+def hidden_rows(path: str) -> int:
+    """How many test cases a file of the instructor's hidden tests has (pytest's collection), for
+    the grader's tests: the report counts them (tests/test_assignments_*.py)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                           "-o", "addopts=", path], cwd=Path(__file__).resolve().parents[1], capture_output=True,
+                          text=True, timeout=120)
+    return sum("::" in line for line in proc.stdout.splitlines())

@@ -17,16 +17,17 @@ import tarfile
 import zipfile
 
 import pytest
+from conftest import hidden_rows
 
 from minidist.assignments.classroom import UnsafeArchive, looks_like_class, safe_extract
-from minidist.assignments.grade import sandbox_problem
-from minidist.assignments.markers import answers_in_text, build, repository_root
+from minidist.assignments import BY_NAME
+from minidist.assignments.grade import graded_paths, sandbox_problem
+from minidist.assignments.markers import build, repository_root
 
 ROOT = repository_root()
 NAMES = ["layer_partition", "mesh_groups"]
 SANDBOX = sandbox_problem() is None
 NO_SANDBOX = [] if SANDBOX else ["--no-sandbox"]
-REGIONS = {"layer_partition": "minidist/parallel/pipeline_stage.py", "mesh_groups": "minidist/parallel/mesh.py"}
 CHEATING_CONFTEST = """\
 import pytest
 
@@ -36,17 +37,16 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     report.outcome, report.longrepr = "passed", None
 """
+MESH_HIDDEN = "hidden_tests/test_hidden_mesh.py"  # counted by hidden_rows when a test needs it
 VISIBILITY = {"hidden", "after_due_date", "after_published", "visible"}
 
 
 def restore(student, name):
-    """Put the reference's body back into the stubbed region of `name`."""
-    path = REGIONS[name]
-    [(indent, body)] = answers_in_text((ROOT / path).read_text(), path)[name]
-    stub = f'{indent}# YOUR CODE HERE\n{indent}raise NotImplementedError("YOUR CODE HERE")\n'
-    text = (student / path).read_text()
-    assert text.count(stub) == 1
-    (student / path).write_text(text.replace(stub, "".join(body)))
+    """Put the reference back into every file of `name`'s regions (each of these files holds the
+    regions of one assignment only): what a student who solved it hands in."""
+    for path in graded_paths(BY_NAME[name], ROOT):
+        assert f"### BEGIN YOUR CODE assignment={name}" in (student / path).read_text()
+        shutil.copy2(ROOT / path, student / path)
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +100,7 @@ def test_the_gradebook_rows_are_exactly_right(classroom):
     carol = json.loads((base / "grades" / "carol.json").read_text())
     assert carol["student"] == "carol" and carol["seed"] == 7 and carol["points"] == 1
     mesh = carol["assignments"][1]
-    assert mesh["name"] == "mesh_groups" and mesh["passed"] == 0 and mesh["hidden_tests"] == 3
+    assert mesh["name"] == "mesh_groups" and mesh["passed"] == 0 and mesh["hidden_tests"] == hidden_rows(MESH_HIDDEN)
     assert sorted(p.name for p in (base / "grades").iterdir()) == [
         "alice.json", "bob.json", "carol.json", "gradebook.csv", "mallory.json"]
 
@@ -157,7 +157,7 @@ def test_the_autograder_zip_runs_on_a_fake_autograder_layout(classroom, tmp_path
     with zipfile.ZipFile(zip_path) as z:
         names = set(z.namelist())
         assert {"setup.sh", "run_autograder", "tree/pyproject.toml", "tree/minidist/__init__.py",
-                "tree/tests/conftest.py", "tree/hidden_tests/test_hidden_mesh.py"} <= names
+                "tree/tests/conftest.py", "tree/hidden_tests/test_hidden_mesh.py", "tree/notebooks/09_frameworks.ipynb"} <= names
         assert stat.S_IMODE(z.getinfo("run_autograder").external_attr >> 16) & 0o111
         z.extractall(root / "source")
     setup = (root / "source/setup.sh").read_text()
@@ -175,12 +175,15 @@ def test_the_autograder_zip_runs_on_a_fake_autograder_layout(classroom, tmp_path
         bob_row = next(row for row in csv.DictReader(f) if row["student"] == "bob")
     assert results["score"] == float(bob_row["total"]) == 1.0 and results["max_score"] == float(bob_row["max"])
     by_name = {t["name"]: t for t in results["tests"]}
-    assert set(by_name) == {"layer_partition: tests", "mesh_groups: tests", "mesh_groups: hidden tests"}
+    assert set(by_name) == {"layer_partition: tests", "layer_partition: hidden tests", "mesh_groups: tests",
+                            "mesh_groups: hidden tests"}
     hidden = by_name["mesh_groups: hidden tests"]
     assert hidden["visibility"] in ("after_published", "hidden") and hidden["score"] == 0
-    assert hidden["output"] == "0 of 3 hidden tests passed"
+    assert hidden["output"] == f"0 of {hidden_rows(MESH_HIDDEN)} hidden tests passed"
     assert "test_hidden" not in json.dumps(results) and "hidden_tests/" not in json.dumps(results)
-    assert by_name["layer_partition: tests"]["score"] == by_name["layer_partition: tests"]["max_score"] == 1
+    partition = [by_name[f"layer_partition: {kind}"] for kind in ("tests", "hidden tests")]
+    assert all(t["score"] == t["max_score"] > 0 for t in partition)
+    assert sum(t["score"] for t in partition) == pytest.approx(1, abs=1e-3)  # the point, cut by visible and hidden
     assert "NotImplementedError" in by_name["mesh_groups: tests"]["output"]
     assert (root / "submission/minidist/__init__.py").is_file()  # the submission itself is left as it was
 

@@ -25,12 +25,12 @@ import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 
-from minidist.assignments.grade import grade
+from minidist.assignments.grade import GRADED_TREE, grade
 from minidist.assignments.markers import SKIPPED, repository_root
 from minidist.assignments.registry import Assignment
 
 ARCHIVES = (".tar.gz", ".tgz", ".tar", ".zip")
-AUTOGRADER_TREE = ("minidist", "tests", "hidden_tests", "pyproject.toml", "README.md")  # into the zip's tree/
+AUTOGRADER_TREE = GRADED_TREE + ("hidden_tests", "README.md")  # into the zip's tree/
 VISIBILITY = ("hidden", "after_due_date", "after_published", "visible")  # Gradescope's values
 
 
