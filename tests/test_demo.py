@@ -61,7 +61,7 @@ def test_demo_learns_the_sorting_task(tmp_path):
     (["--n-embd", "130"], "--n-embd 130 is not divisible by --n-head 4"),
     *(pytest.param(*case, marks=pytest.mark.full) for case in [
         (["--block-size", "8"], "block_size >= 16"),
-        (["--steps", "0"], "argument --steps: expected an integer >= 1, got '0'"),
+        (["--steps", "0"], "argument --steps: expected an integer in 1..1000000000, got '0'"),
         (["--data", "/no/such/file"], "no task or file named"),
         (["--bogus"], "unrecognized arguments: --bogus"),
     ]),
