@@ -13,7 +13,7 @@ the notebooks and whatever is marked `@pytest.mark.full`, a test or one of its p
 (`pytest.param(..., marks=pytest.mark.full)`, `layout(..., full=True)`). A file runs alone
 either way: `pytest tests/test_x.py` runs its quick tests, `pytest --full tests/test_x.py` all.
 One more set is left out of both: grading every wrong solution the course ships, minutes of it
-(`pytest --full --every-wrong-solution`; the full tier grades two per assignment).
+(`pytest --full --every-wrong-solution`; the full tier grades each assignment's do-nothing).
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def pytest_addoption(parser):
                      help="the full tier: every test and every notebook, as CI runs them (default: the quick tier)")
     parser.addoption("--every-wrong-solution", action="store_true", default=False,
                      help="grade every shipped wrong solution of the course (about 10 minutes on 2 cores; "
-                          "the full tier grades two per assignment: tests/test_assignments_wrong.py)")
+                          "the full tier grades each assignment's do-nothing: tests/test_assignments_wrong.py)")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -4,9 +4,9 @@ each graded here like a student's and held to the largest share of the points it
 of them does nothing and must earn 0. And the forbidden-call check: a region that calls the
 library's own answer earns nothing, with a message naming the call.
 
-The grading runs are the slow part, 5 to 25 s each: the quick tier grades one wrong solution,
-the full tier (CI) two per assignment, its do-nothing and the one allowed the largest share, and
-`pytest --full --every-wrong-solution` all of them (about 10 minutes on 2 cores)."""
+The grading runs are the slow part, 5 to 35 s each: the quick tier grades one wrong solution,
+the full tier (CI) each assignment's do-nothing, and `pytest --full --every-wrong-solution` all
+of them (about 10 minutes on 2 cores)."""
 import pytest
 
 from minidist.assignments import ASSIGNMENTS, BY_NAME
@@ -73,17 +73,12 @@ def test_calling_the_library_s_ring_earns_nothing_with_the_call_named(tmp_path):
     assert grade_one(assignment, tmp_path, sandbox=SANDBOX)["points"] == 0
 
 
-def in_the_full_tier(wrong) -> bool:
-    """An assignment's do-nothing, and its wrong solution allowed the largest share (the first by
-    name among equals)."""
-    own = [w for w in WRONG if w.assignment == wrong.assignment]
-    return wrong.name == "do_nothing" or wrong == max(own, key=lambda w: w.max_share)
-
-
 def tier(wrong):
+    """The quick tier grades one; the full tier each assignment's do-nothing (every graded test
+    must fail for it); the rest only with --every-wrong-solution."""
     if (wrong.assignment, wrong.name) in QUICK:
         return ()
-    return pytest.mark.full if in_the_full_tier(wrong) else pytest.mark.every_wrong_solution
+    return pytest.mark.full if wrong.name == "do_nothing" else pytest.mark.every_wrong_solution
 
 
 @pytest.mark.parametrize("wrong", [pytest.param(w, id=f"{w.assignment}-{w.name}", marks=tier(w)) for w in WRONG])
