@@ -12,8 +12,9 @@ TCP), the slow end-to-end runs, and every notebook. The quick tier deselects (it
 the notebooks and whatever is marked `@pytest.mark.full`, a test or one of its parameters
 (`pytest.param(..., marks=pytest.mark.full)`, `layout(..., full=True)`). A file runs alone
 either way: `pytest tests/test_x.py` runs its quick tests, `pytest --full tests/test_x.py` all.
-One more set is left out of both: grading every wrong solution the course ships, minutes of it
-(`pytest --full --every-wrong-solution`; the full tier grades each assignment's do-nothing).
+A third set, the extended tier, is left out of both: more cases of what the full tier already
+checks, minutes of them (every wrong solution the course ships, every framework config of the
+corpus run scaled down): `pytest --full --extended`, marked `@pytest.mark.extended`.
 """
 from __future__ import annotations
 
@@ -30,15 +31,15 @@ from minidist.training.train import OptimSettings, SerialTrainer
 def pytest_addoption(parser):
     parser.addoption("--full", action="store_true", default=False,
                      help="the full tier: every test and every notebook, as CI runs them (default: the quick tier)")
-    parser.addoption("--every-wrong-solution", action="store_true", default=False,
-                     help="grade every shipped wrong solution of the course (about 10 minutes on 2 cores; "
-                          "the full tier grades each assignment's do-nothing: tests/test_assignments_wrong.py)")
+    parser.addoption("--extended", action="store_true", default=False,
+                     help="with --full, also the extended tier: more cases of what the full tier checks "
+                          "(every wrong solution of the course, every corpus config run), minutes more")
 
 
 def pytest_collection_modifyitems(config, items):
     def left_out(item):
-        if item.get_closest_marker("every_wrong_solution"):
-            return not (config.getoption("--full") and config.getoption("--every-wrong-solution"))
+        if item.get_closest_marker("extended"):
+            return not (config.getoption("--full") and config.getoption("--extended"))
         return not config.getoption("--full") and (item.path.suffix == ".ipynb" or item.get_closest_marker("full"))
 
     deselected = [item for item in items if left_out(item)]

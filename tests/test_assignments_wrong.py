@@ -5,8 +5,8 @@ of them does nothing and must earn 0. And the forbidden-call check: a region tha
 library's own answer earns nothing, with a message naming the call.
 
 The grading runs are the slow part, 5 to 35 s each: the quick tier grades one wrong solution,
-the full tier (CI) each assignment's do-nothing, and `pytest --full --every-wrong-solution` all
-of them (about 10 minutes on 2 cores)."""
+the full tier (CI) the do-nothing of the assignments graded without heavy mpiexec runs, and
+`pytest --full --extended` all of them (about 10 minutes on 2 cores)."""
 import pytest
 
 from minidist.assignments import ASSIGNMENTS, BY_NAME
@@ -73,12 +73,17 @@ def test_calling_the_library_s_ring_earns_nothing_with_the_call_named(tmp_path):
     assert grade_one(assignment, tmp_path, sandbox=SANDBOX)["points"] == 0
 
 
+# graded under several real mpiexec jobs each, 8 to 25 s a grading: their do-nothing is in the extended tier
+MPI_HEAVY = {"sendrecv", "ddp_bucket_hook", "tensor_parallel_f_g", "zero1_partition"}
+
+
 def tier(wrong):
-    """The quick tier grades one; the full tier each assignment's do-nothing (every graded test
-    must fail for it); the rest only with --every-wrong-solution."""
+    """The quick tier grades one; the full tier the do-nothing of each assignment graded without a
+    heavy mpiexec run (every graded test must fail for it); the rest in the extended tier."""
     if (wrong.assignment, wrong.name) in QUICK:
         return ()
-    return pytest.mark.full if wrong.name == "do_nothing" else pytest.mark.every_wrong_solution
+    cheap = wrong.name == "do_nothing" and wrong.assignment not in MPI_HEAVY
+    return pytest.mark.full if cheap else pytest.mark.extended
 
 
 @pytest.mark.parametrize("wrong", [pytest.param(w, id=f"{w.assignment}-{w.name}", marks=tier(w)) for w in WRONG])

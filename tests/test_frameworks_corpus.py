@@ -47,6 +47,12 @@ SMALL = ["--n-layer", "2", "--n-embd", "32", "--n-head", "2", "--block-size", "1
 STEPS = 2
 RUN_TIMEOUT = 120
 QUICK_RUNS = {"hf_ds_config_zero2.json", "megatron_llama2_7b.txt"}  # the quick tier's runs: one per reader
+# the full tier's runs besides: one per kind of layout and feature the readers map (pipeline, ZeRO-1/3,
+# fp16 loss scaling, tensor + pipeline, MoE, context parallelism with fp8, Megatron-DeepSpeed); every
+# other config runs in the extended tier (every config is translated and checked in every tier)
+FULL_RUNS = {"ds_pipeline_pp2.json", "ds_zero1_gradient_accumulation.json", "ds_zero2_fp16_dynamic.json",
+             "ds_zero3_offload_cpu.json", "megatron_gpt_tp2_pp2.txt", "megatron_mixtral_8x7b.txt",
+             "megatron_llama3_8b_cp2_fp8.txt", "megatron_deepspeed_gpt_zero1.json"}
 
 # -- the known reader bugs, where a case has one: what is wrong, and the fix proposed (`Case.bugs`)
 
@@ -259,14 +265,14 @@ def covered(key: str, keys) -> bool:
 
 
 def params(cases, aspect=None, run=False):
-    """One parameter per case; with `run`, the full tier's marks (and a skip for a translation-only case)."""
+    """One parameter per case; with `run`, its tier's marks (and a skip for a translation-only case)."""
     out = []
     for case in cases:
         marks = []
         if run and case.run is None:
             marks.append(pytest.mark.skip(reason=case.why_not_run))
         elif run and case.file not in QUICK_RUNS:
-            marks.append(pytest.mark.full)
+            marks.append(pytest.mark.full if case.file in FULL_RUNS else pytest.mark.extended)
         if aspect and aspect in case.bugs:
             continue
         out.append(pytest.param(case, id=case.file, marks=marks))
