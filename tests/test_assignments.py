@@ -82,12 +82,12 @@ def test_the_reference_earns_every_point():
 
 
 RESTORED = ("one_f_one_b", "tensor_parallel_f_g")  # one without MPI, one with
-STUBBED = ("adamw_update", "ring_all_reduce", "moe_capacity")  # the do-nothing tests grade each stub's twin
+STUBBED = ("adamw_update", "moe_capacity")  # the do-nothing tests grade each stub's twin
 
 
 @pytest.mark.full
 def test_a_student_build_earns_exactly_what_it_restores_and_the_report_says_why(tmp_path):
-    """A build with every assignment stubbed but two, graded on those two and three stubbed ones:
+    """A build with every assignment stubbed but two, graded on those two and two stubbed ones:
     the two earn every point, the others none, each failing test with its message, and hidden
     tests as a count. (Every assignment's stub is graded in tests/test_assignments_wrong.py, as
     its do-nothing twin.)"""
@@ -111,7 +111,7 @@ def test_a_student_build_earns_exactly_what_it_restores_and_the_report_says_why(
         if result["hidden_tests"]:  # hidden tests: a count, not their names
             assert result["failures"][-1]["message"].startswith(f"{result['hidden_tests']} of ")
         assert all(f["message"] for f in result["failures"]), result["failures"]
-    assert sum("YOUR CODE HERE" in f["message"] for r in report["assignments"] for f in r["failures"]) >= 3
+    assert sum("YOUR CODE HERE" in f["message"] for r in report["assignments"] for f in r["failures"]) >= 2
     restored, most = sum(BY_NAME[name].points for name in RESTORED), sum(BY_NAME[name].points for name in graded)
     assert "total" in proc.stdout and f"{restored}/{most}" in proc.stdout.replace(".0/", "/"), proc.stdout
 

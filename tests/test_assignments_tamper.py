@@ -17,7 +17,7 @@ import pytest
 from conftest import hidden_rows
 
 from minidist.assignments import BY_NAME
-from minidist.assignments.grade import cut, grade, graded_copy, sandbox_problem
+from minidist.assignments.grade import cut, failure_message, grade, graded_copy, sandbox_problem
 from minidist.assignments.markers import build, repository_root
 
 ROOT = repository_root()
@@ -200,7 +200,21 @@ def test_a_message_is_cut_at_a_word_with_an_ellipsis():
     assert len(long) <= 100 and long.endswith("word …")
 
 
-@pytest.mark.full  # the quick tier grades one tampered copy
+def test_a_failing_rank_s_exception_comes_first_in_the_message():
+    """failure_message on a deadlock's JUnit failure as the graded run writes it: the first rank's
+    own exception, how many others raised, then pytest's message."""
+    import xml.etree.ElementTree as ElementTree
+    failure = ElementTree.Element("failure", message="minidist.comm.launch.RankError: 2 ranks failed")
+    failure.text = ("E   minidist.comm.launch.RankError: 2 ranks failed\n"
+                    "E   [rank 1] Traceback (most recent call last):\n"
+                    "E   [rank 1] minidist.comm.errors.CommTimeout: rank 1 of 2 (world rank 1) timed out after 5.0 s\n"
+                    "E   [rank 0] minidist.comm.errors.CommTimeout: rank 0 of 2 (world rank 0) timed out after 5.0 s\n")
+    message = failure_message(failure)
+    assert message.startswith("rank 1: minidist.comm.errors.CommTimeout: rank 1 of 2 (world rank 1) timed out")
+    assert "(and 1 other rank(s))" in message and "RankError: 2 ranks failed" in message and "\n" not in message
+
+
+@pytest.mark.extended  # 40 s of deadlocks timing out; the message's parts: the test above
 def test_a_deadlock_reports_the_ranks_exception_first(student):
     answer(student, "minidist/comm/p2p.py", """\
         send(send_array, dst, tag, group, timeout)  # blocking: every rank waits for its neighbour

@@ -81,8 +81,15 @@ def chaos_plan(name: str, nprocs: int) -> str:
     return f"{rank}:{step}" + (":save" if step % K == 0 else "")
 
 
-@pytest.fixture(scope="module", params=[pytest.param(name, marks=[] if name == "dp" else [pytest.mark.full])
-                                        for name in STRATEGIES])  # data parallelism in the quick tier
+# data parallelism in the quick tier; one strategy of each family in the full tier, the rest extended
+FULL = {"serial", "dp-balance", "zero3", "tp-sp", "pp-interleaved"}
+
+
+def tier(name: str) -> list:
+    return [] if name == "dp" else [pytest.mark.full] if name in FULL else [pytest.mark.extended]
+
+
+@pytest.fixture(scope="module", params=[pytest.param(name, marks=tier(name)) for name in STRATEGIES])
 def runs(request, tmp_path_factory):
     """Per strategy: straight; stopped at N/2 and resumed; killed at random and rerun."""
     name = request.param

@@ -1,8 +1,8 @@
 """The book's figures (site/figures.py, drawn by site/book_figures/): each is written, is valid SVG, belongs under a heading its
 chapter really has, and comes out byte for byte the same when drawn again.
 
-The quick tier checks the manifest and draws a few figures; the full tier draws every one (about
-ten seconds of CPU)."""
+The quick tier checks the manifest and draws a few figures; the extended tier draws every one here
+(about ten seconds of CPU), as the site build in the full tier does (tests/test_site.py)."""
 import importlib.util
 import re
 import xml.etree.ElementTree as ET
@@ -90,7 +90,7 @@ def test_unknown_names_and_the_manifest(figures, tmp_path, capsys):
     assert all(f"| {f.name} | {f.chapter} |" in table for f in figures.FIGURES)
 
 
-@pytest.mark.full
+@pytest.mark.extended  # the site build (tests/test_site.py) draws every figure and checks each loads
 def test_every_figure_is_written_as_valid_svg(figures, tmp_path):
     written = figures.write_figures(tmp_path, progress=False)
     assert [f.name for f in written] == [f.name for f in figures.FIGURES]
