@@ -139,3 +139,13 @@ def switch_value(who: str, key: str, value) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"{who}: {key}: expected true or false, got {value!r}")
     return value
+
+
+def only_when_off(t, keys, who: str, name: str, why_not: str) -> None:
+    """A switch minidist can take only when it is off: false is used, true refused with `why_not`."""
+    key, value = keys.take(name)
+    if key:
+        if switch_value(who, key, value):
+            t.refuse(key, why_not)
+        else:
+            t.use(key, False, None)

@@ -5,7 +5,7 @@ import math
 
 from minidist.frameworks.translation import Translation, batch_rule, checked_number, set_layout_steps
 from minidist.frameworks.torchtitan.keys import (DEFAULTS, FLOAT8, GPT2, LLAMA3, SCHEDULE_REASONS, SCHEDULES, Keys,
-                                                 switch_value, text_value)
+                                                 only_when_off, switch_value, text_value)
 
 
 # ----------------------------------------------------------------------------- [model]
@@ -202,13 +202,9 @@ def read_tensor(t: Translation, keys: Keys, who: str) -> None:
                           "vocabulary-sharded logits (loss parallel)")
         else:
             t.use(key, value, None)
-    key, value = keys.take("parallelism.enable_async_tensor_parallel")
-    if key:
-        if switch_value(who, key, value):
-            t.refuse(key, "true (torch.compile's micro-pipelining of tp's collectives into the matmuls): minidist's "
-                          "tensor-parallel all-reduces are not overlapped")
-        else:
-            t.use(key, False, None)
+    only_when_off(t, keys, who, "parallelism.enable_async_tensor_parallel",
+                  "true (torch.compile's micro-pipelining of tp's collectives into the matmuls): minidist's "
+                  "tensor-parallel all-reduces are not overlapped")
 
 
 # ----------------------------------------------------------------------------- the batch and the pipeline

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from minidist.frameworks.translation import NO_RECOMPUTE, Translation, checked_number
-from minidist.frameworks.torchtitan.keys import DEFAULTS, TRAINING_IGNORED, Keys, switch_value, text_value
+from minidist.frameworks.torchtitan.keys import (DEFAULTS, TRAINING_IGNORED, Keys, only_when_off, switch_value,
+                                                 text_value)
 
 
 # ----------------------------------------------------------------------------- [optimizer], [lr_scheduler]
@@ -39,12 +40,8 @@ def read_optimizer(t: Translation, keys: Keys, who: str) -> None:
         key, value = keys.take(f"optimizer.{field}")
         if key:
             t.use(key, value, None)
-    key, value = keys.take("optimizer.early_step_in_backward")
-    if key:
-        if switch_value(who, key, value):
-            t.refuse(key, "true: minidist steps once the whole backward is done (and clips the global norm first)")
-        else:
-            t.use(key, False, None)
+    only_when_off(t, keys, who, "optimizer.early_step_in_backward",
+                  "true: minidist steps once the whole backward is done (and clips the global norm first)")
     for key in keys.section("optimizer"):
         t.refuse(key, "no minidist counterpart (minidist's AdamW: lr, betas, eps, weight_decay)")
 
@@ -132,13 +129,9 @@ def read_training(t: Translation, keys: Keys, who: str) -> None:
     key, value = keys.take("training.deterministic")
     if key:
         t.use(key, switch_value(who, key, value), None, f"{key}: minidist's runs are deterministic already")
-    key, value = keys.take("training.enable_cpu_offload")
-    if key:
-        if switch_value(who, key, value):
-            t.refuse(key, "true: minidist keeps every state in host memory already: there is no device memory to "
-                          "offload from")
-        else:
-            t.use(key, False, None)
+    only_when_off(t, keys, who, "training.enable_cpu_offload",
+                  "true: minidist keeps every state in host memory already: there is no device memory to "
+                  "offload from")
     for key in keys.section("training"):
         t.refuse(key, TRAINING_IGNORED.get(key.split(".", 1)[1], "ignored: no minidist counterpart"))
 
