@@ -6,7 +6,8 @@ MINIDIST_TCP honoured), in a process group of its own, and waits. Meanwhile it
 
 * passes the job's output through unchanged, reading in it what the job reports: the steps done
   (the demo's progress bar, `5/8`, redrawn after every step with its loss; its `step 4 |` lines),
-  the step it resumed at, a rank's traceback, and mpiexec's word on how the first process died
+  the step it resumed at, a rank's traceback, the rank an injected fault (MINIDIST_KILL) is about
+  to kill, and mpiexec's word on how the first process died
   (`Killed (signal 9)`);
 * notes which process is which rank (each rank's environment holds PMI_RANK, set by MPICH's
   proxy), and which of them ended first (`_watch`).
@@ -37,6 +38,7 @@ RESUMED = re.compile(rb"resuming from .*?: step (\d+) of (\d+)")
 DEAD_SIGNAL = re.compile(rb"\(signal (\d+)\)")
 DEAD_EXIT = re.compile(rb"EXIT CODE: (\d+)")
 RAISED = re.compile(rb"\[rank (\d+)\] Traceback")   # faults.abort's traceback, prefixed by rank
+INJECTED = re.compile(rb"\[rank (\d+)\] MINIDIST_KILL: SIGKILL")  # an injected fault names its rank
 
 
 _mid_line = [False]  # the job's stderr ended without a newline (a progress bar, redrawn with \r)
@@ -60,6 +62,7 @@ class Outcome:
     dead_signal: int | None = None
     dead_exit: int | None = None
     raised: int | None = None              # the rank whose traceback was printed
+    injected: int | None = None            # the rank that said it kills itself (MINIDIST_KILL)
     leftover: list = field(default_factory=list)  # processes that would not go
 
     @property
@@ -69,7 +72,10 @@ class Outcome:
 
     def what_died(self) -> str:
         """One line: which rank (watched, or named by its traceback), how, and mpiexec's status."""
-        if self.first_dead:
+        if self.injected is not None:  # its own word beats the watch, which a busy machine can race
+            pids = [pid for pid, rank in self.ranks.items() if rank == self.injected]
+            who = f"rank {self.injected}" + (f" (pid {pids[0]})" if pids else "")
+        elif self.first_dead:
             who = " or ".join(f"rank {self.ranks[pid]} (pid {pid})" for pid in self.first_dead)
             who += " (they ended together)" if len(self.first_dead) > 1 else ""
         elif self.raised is not None:
@@ -142,7 +148,7 @@ def _read(text: bytes, outcome: Outcome) -> None:
     if done:
         outcome.steps_done = max(done + [outcome.steps_done or 0])
     for pattern, name in ((DEAD_SIGNAL, "dead_signal"), (DEAD_EXIT, "dead_exit"),
-                          (RAISED, "raised")):
+                          (RAISED, "raised"), (INJECTED, "injected")):
         match = pattern.search(text)
         if match and getattr(outcome, name) is None:
             setattr(outcome, name, int(match.group(1)))

@@ -36,6 +36,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import sys
 
 import numpy as np
 
@@ -152,4 +153,6 @@ def kill_if_asked(rank: int, step: int, phase: str = "train") -> None:
     fields = spec.split(":")
     if int(fields[0]) == rank and int(fields[1]) == step and (fields[2:] or ["train"])[0] == phase:
         faults.remove_job_files()  # a SIGKILL runs no clean-up: the injected fault does its own (chapter 2)
+        # named on stderr first: a restart agent then knows which rank died, whichever ends first after
+        print(f"[rank {rank}] MINIDIST_KILL: SIGKILL before {phase} step {step}", file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
