@@ -47,6 +47,7 @@ from minidist.comm.world import World, resolve
 from minidist.precision.mixed_precision import Precision
 from minidist.core.model import GPTConfig
 from minidist.core.nn import Module
+from minidist.parallel import bubble
 from minidist.parallel import schedules as S
 from minidist.parallel.pipeline_stage import (Layers, PipelineStage, check_pipeline_layout, chunk_layers,  # noqa: F401
                                               partition)
@@ -70,30 +71,35 @@ class PipelineTrainer(Trainer):
 
     def __init__(self, config: GPTConfig, settings: OptimSettings, task, batch_size: int, seed: int = 0,
                  group: World | None = None, microbatches: int = 1, schedule: str = "1f1b",
-                 virtual_stages: int | None = None, precision: str = "fp32"):
+                 virtual_stages: int | None = None, precision: str = "fp32", stage_blocks: list[int] | None = None):
         world = resolve(group)
         self.amp = Precision(precision, settings)  # chapter 10: the format, the masters, the scaler
         self.precision, self.scaler = self.amp.name, self.amp.scaler
         v = virtual_stages if virtual_stages is not None else (2 if schedule == "interleaved" else 1)
-        check_pipeline_layout(config, batch_size, world.size, microbatches, schedule, v)
-        self.virtual_stages = v
+        check_pipeline_layout(config, batch_size, world.size, microbatches, schedule, v, stage_blocks)
+        self.virtual_stages, self.stage_blocks = v, stage_blocks
         self.config, self.settings, self.task = config, settings, task
         self.batch_size, self.microbatches, self.schedule_name = batch_size, microbatches, schedule
         self.name = "mp" if microbatches == 1 else f"pp-{schedule}"
         self.group = world.split(0)  # a communicator of our own: our tags meet nobody else's
         self.rank, self.stages = self.group.rank, self.group.size
         self.schedule = S.make_schedule(schedule, self.rank, self.stages, microbatches, v)
+        self.every_schedule = S.all_ranks(schedule, self.stages, microbatches, v)  # to simulate with measured costs
         self.stage = self.build_stage(config, seed, v)
         self.dtype = self.stage.parameters()[0].dtype  # activations travel in the model's dtype
         self.optimizer = self.build_optimizer(settings)
         self.timeline = Timeline()
         self.bubbles: list[float] = []  # measured per step
+        self.simulated: list[float] = []  # the schedule simulated with the step's measured stage costs
+        self.modelled: list[float] = []  # ... each stage's mean costs, the engine's and the messages' in
+        self.replayed: list[float] = []  # ... replayed: each instruction's own time, the engine's, the messages' (bubble.py)
+        self.stage_seconds = np.zeros((self.stages, v, 2))  # the last step's mean forward, backward per chunk
         self.peak_count = [0] * self.stages  # most micro-batches of activations held, per rank
         self.peak_bytes = [0] * self.stages
 
     def build_stage(self, config: GPTConfig, seed: int, virtual_stages: int) -> Module:
         """This rank's part of the model (a mesh builds it from tensor-parallel layers)."""
-        return self.cast(PipelineStage(config, self.rank, self.stages, seed, virtual_stages))
+        return self.cast(PipelineStage(config, self.rank, self.stages, seed, virtual_stages, self.stage_blocks))
 
     def cast(self, stage: Module) -> Module:
         """Chapter 10: 16-bit weights (so 16-bit activations between stages and 16-bit gradients),
@@ -115,6 +121,8 @@ class PipelineTrainer(Trainer):
         self.sends, self.losses, self.accuracies = [], [], []
         self.count = self.bytes = self.step_peak_count = self.step_peak_bytes = 0
         self.step_index, self.mark = step, len(self.timeline.events)
+        self.work = []  # (chunk, 0 forward | 1 backward, micro-batch, index in the timeline) of this step
+        self.posted, self.received = {}, {}  # tag -> when the send was posted; when the receive began, ended
         self.stage.zero_grad()
         for instruction in self.schedule:  # the engine: any schedule, read top to bottom
             getattr(self, "_" + instruction.kind)(instruction.micro, instruction.chunk)
@@ -155,6 +163,7 @@ class PipelineTrainer(Trainer):
             self.outputs[i, c] = out
             # activations this micro-batch holds until its backward: the graph, plus its input
             self.held[i, c] = graph_bytes(out) + (0 if self.stage.has_input(c) else self.inputs[i, c].data.nbytes)
+        self.work.append((c, 0, i, len(self.timeline.events) - 1))
         self.count, self.bytes = self.count + 1, self.bytes + self.held[i, c]
         self.step_peak_count = max(self.step_peak_count, self.count)
         self.step_peak_bytes = max(self.step_peak_bytes, self.bytes)
@@ -168,6 +177,7 @@ class PipelineTrainer(Trainer):
                 out.backward()
             else:
                 out.backward(self.grads_in.pop((i, c)))
+        self.work.append((c, 1, i, len(self.timeline.events) - 1))
         self.count, self.bytes = self.count - 1, self.bytes - self.held.pop((i, c))
         self._progress()
 
@@ -202,11 +212,13 @@ class PipelineTrainer(Trainer):
         buffer = np.empty(self.act_shape, dtype=self.dtype)
         start = time.perf_counter()
         wait(irecv(buffer, src, tag, self.group, kind="pipeline"))  # polite: sleeps, does not spin
-        self.timeline.add(name, "wait", start, time.perf_counter())
+        self.received[tag] = (start, time.perf_counter())
+        self.timeline.add(name, "wait", *self.received[tag])
         return buffer
 
     def _send(self, array: np.ndarray, dst: int, tag: int):
         array = np.ascontiguousarray(array)
+        self.posted[tag] = time.perf_counter()
         # posted, not waited for: a blocking send deadlocks 1F1B (see schedules.py); the array
         # stays referenced here until the message is gone
         self.sends.append((isend(array, dst, tag, self.group, kind="pipeline"), array))
@@ -264,18 +276,27 @@ class PipelineTrainer(Trainer):
 
     def _share_results(self):
         """Loss and accuracy (from the last stage), the bubble and peaks: the same on every rank."""
-        p, m = self.stages, self.microbatches
+        p, m, v = self.stages, self.microbatches, self.virtual_stages
         work = [e for e in self.timeline.events[self.mark:] if e[1] in ("forward", "backward")]
-        totals = np.zeros(3 + 2 * p)
+        shape = (p, v, 2, m, 2)  # each rank fills its row: compute and engine seconds of each instruction
+        costs = bubble.instruction_costs(self.timeline.events, self.work, self.rank, shape)
+        messages = bubble.message_times(self.posted, self.received, self._tag(m, 0, False))
+        totals = np.concatenate([np.zeros(3 + 2 * p), costs.ravel(), messages.ravel()])  # one all-reduce for all
         if self.stage.last:
             totals[0], totals[1] = sum(self.losses) / m, sum(self.accuracies) / m  # equal token counts
         totals[2] = sum(end - start for _, _, start, end in work)
         totals[3 + self.rank], totals[3 + p + self.rank] = self.step_peak_count, self.step_peak_bytes
         all_reduce(totals, op="sum", group=self.group)
+        costs = totals[3 + 2 * p:3 + 2 * p + costs.size].reshape(shape)
+        receive = bubble.receive_seconds(totals[3 + 2 * p + costs.size:].reshape(messages.shape))
         # one clock for all ranks on one machine (timeline.py): the span of the whole pipeline
         span = np.array([-min(e[2] for e in work), max(e[3] for e in work)])
         all_reduce(span, op="max", group=self.group)
         self.bubbles.append(1.0 - totals[2] / (p * (span[0] + span[1])))
+        self.stage_seconds = costs[..., bubble.COMPUTE].mean(axis=3)
+        self.simulated.append(bubble.stage_bubble(self.every_schedule, costs))
+        self.replayed.append(bubble.replayed_bubble(self.every_schedule, costs, receive))
+        self.modelled.append(bubble.replayed_bubble(self.every_schedule, costs, receive, each=False))
         self.peak_count = [max(a, int(b)) for a, b in zip(self.peak_count, totals[3:3 + p])]
         self.peak_bytes = [max(a, int(b)) for a, b in zip(self.peak_bytes, totals[3 + p:])]
         return float(totals[0]), float(totals[1])
@@ -291,10 +312,22 @@ class PipelineTrainer(Trainer):
         (Interleaved, "microbatches" in peak_activations counts (micro-batch, chunk) pairs, each
         about 1/v of a whole stage's activations.)"""
         measured = self.bubbles[1:] or self.bubbles
+        simulated = self.simulated[1:] or self.simulated
+        replayed = self.replayed[1:] or self.replayed
+        modelled = self.modelled[1:] or self.modelled
         return {"schedule": self.schedule_name, "stages": self.stages, "microbatches": self.microbatches,
                 "virtual_stages": self.virtual_stages,
                 "bubble_measured": float(np.median(measured)) if measured else None,
                 "bubble_theory": S.bubble_theory(self.stages, self.microbatches, self.virtual_stages),
+                "bubble_simulated": float(np.median(simulated)) if simulated else None,
+                "bubble_replayed": float(np.median(replayed)) if replayed else None,
+                "bubble_modelled": float(np.median(modelled)) if modelled else None,
+                "stage_blocks": [sum(e - s for s, e in chunk_layers(self.config.n_layer, self.stages, r,
+                                                                     self.virtual_stages, self.stage_blocks))
+                                 for r in range(self.stages)],
+                "stage_seconds": [{"rank": r, "chunk": c, "forward": float(self.stage_seconds[r, c, 0]),
+                                   "backward": float(self.stage_seconds[r, c, 1])}
+                                  for r in range(self.stages) for c in range(self.virtual_stages)],
                 "peak_activations": [{"rank": r, "microbatches": c, "bytes": b}
                                      for r, (c, b) in enumerate(zip(self.peak_count, self.peak_bytes))]}
 

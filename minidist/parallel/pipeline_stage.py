@@ -1,7 +1,8 @@
 """A pipeline stage: the part of the GPT one rank holds (chapters 4 and 5).
 
 `partition` cuts the n_layer blocks into p balanced ranges; `chunk_layers` gives a rank its
-chunks (with interleaving, chunks rank, rank + p, ...); `PipelineStage` builds only those blocks,
+chunks (with interleaving, chunks rank, rank + p, ...), or its part of a cut by measured cost
+(stage_balance.py); `PipelineStage` builds only those blocks,
 plus the embeddings on the first stage and the head on the last, under the serial model's names
 and from the serial model's initialisation; `check_pipeline_layout` says, before any message, every way
 a pipeline layout can be wrong. The engine that runs a schedule over the stages is
@@ -28,8 +29,15 @@ def partition(n_layer: int, stages: int) -> list[tuple[int, int]]:
 
 
 def check_pipeline_layout(config: GPTConfig, batch_size: int, stages: int, microbatches: int, schedule: str,
-                 virtual_stages: int = 1) -> None:
+                 virtual_stages: int = 1, blocks: list[int] | None = None) -> None:
     """Every way the layout can be wrong, found identically on every rank before any message."""
+    if blocks is not None:
+        if virtual_stages != 1:
+            raise ValueError("a cut of the blocks by stage (stage_blocks) needs one chunk per rank, "
+                             f"not virtual_stages={virtual_stages}")
+        if len(blocks) != stages or min(blocks) < 1 or sum(blocks) != config.n_layer:
+            raise ValueError(f"stage_blocks {list(blocks)} must give each of the {stages} stages at least one "
+                             f"block and add up to n_layer={config.n_layer}")
     if schedule not in S.SCHEDULES:
         raise ValueError(f"unknown pipeline schedule {schedule!r}; choose from {sorted(S.SCHEDULES)}")
     if microbatches < 1:
@@ -63,8 +71,13 @@ class Layers(Module):
         return iter(self._items)
 
 
-def chunk_layers(n_layer: int, stages: int, rank: int, virtual_stages: int = 1) -> list[tuple[int, int]]:
-    """The layer ranges rank `rank` holds: chunks rank, rank + p, ... of the p * v chunks."""
+def chunk_layers(n_layer: int, stages: int, rank: int, virtual_stages: int = 1,
+                 blocks: list[int] | None = None) -> list[tuple[int, int]]:
+    """The layer ranges rank `rank` holds: chunks rank, rank + p, ... of the p * v chunks; with
+    `blocks` (one count per stage, v = 1: a cut by measured cost, stage_balance.py) that cut."""
+    if blocks is not None:
+        start = sum(blocks[:rank])
+        return [(start, start + blocks[rank])]
     ranges = partition(n_layer, stages * virtual_stages)
     return [ranges[chunk * stages + rank] for chunk in range(virtual_stages)]
 
@@ -77,7 +90,8 @@ class PipelineStage(Module):
     dict see one set of parameters per rank. `first` (the embedding) is rank 0, `last` (the
     head and the loss) rank p - 1: they belong to its chunk 0 and chunk v - 1."""
 
-    def __init__(self, config: GPTConfig, rank: int, stages: int, seed: int = 0, virtual_stages: int = 1):
+    def __init__(self, config: GPTConfig, rank: int, stages: int, seed: int = 0, virtual_stages: int = 1,
+                 stage_blocks: list[int] | None = None):
         self.config, self.virtual_stages = config, virtual_stages
         self.first, self.last = rank == 0, rank == stages - 1
         c, v = config.n_embd, config.vocab_size
@@ -87,7 +101,7 @@ class PipelineStage(Module):
             self.drop = Dropout(config.dropout, seed=seed)
         elif self.last and config.tie_weights:
             self.wte = Embedding(v, c)  # the head's copy of the tied weight: same name, same numbers
-        ranges = chunk_layers(config.n_layer, stages, rank, virtual_stages)
+        ranges = chunk_layers(config.n_layer, stages, rank, virtual_stages, stage_blocks)
         self.h = Layers({i: Block(config, seed=seed + 2 * (i + 1)) for start, end in ranges for i in range(start, end)})
         blocks = dict(zip((i for start, end in ranges for i in range(start, end)), self.h))
         self.chunks = [[blocks[i] for i in range(start, end)] for start, end in ranges]  # a plain list: not walked

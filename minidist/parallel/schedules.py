@@ -277,10 +277,13 @@ def check(schedules: list[list[Instruction]]) -> None:
 
 
 def simulate(schedules: list[list[Instruction]], forward=1.0, backward=2.0,
-             blocking_sends: bool = False) -> list[list[tuple]]:
+             blocking_sends: bool = False, duration=None, latency: float = 0.0) -> list[list[tuple]]:
     """Run the lists with ideal timings: forward and backward take fixed times, messages are free.
     `forward` and `backward` are seconds, or functions of (rank, chunk) giving each stage its own
-    (the planner's predicted costs, chapter 9: unequal stages show as bubble).
+    (the planner's predicted costs, chapter 9: unequal stages show as bubble). `duration`, a
+    function of (rank, instruction), gives each forward and backward its own time instead (a real
+    step replayed with its measured times); with `latency` every receive ends that long after both
+    the receiver reached it and the message was posted (what a receive costs).
 
     Returns per-rank events (name, kind, start, end) like `minidist.timeline.Timeline`, so the
     ideal schedule draws with `plot_gantt` beside a real run. Waiting for a message shows as a
@@ -307,12 +310,14 @@ def simulate(schedules: list[list[Instruction]], forward=1.0, backward=2.0,
         for r in range(p):
             while (ins := next_of(r)) is not None:
                 if ins.kind in (FORWARD, BACKWARD):
-                    duration = forward if ins.kind == FORWARD else backward
-                    if callable(duration):
-                        duration = duration(r, ins.chunk)
+                    seconds = forward if ins.kind == FORWARD else backward
+                    if duration is not None:
+                        seconds = duration(r, ins)
+                    elif callable(seconds):
+                        seconds = seconds(r, ins.chunk)
                     name = f"{ins.kind} {ins.micro}" + (f".{ins.chunk}" if ins.chunk else "")  # as the engine's
-                    events[r].append((name, ins.kind, clock[r], clock[r] + duration))
-                    clock[r] += duration
+                    events[r].append((name, ins.kind, clock[r], clock[r] + seconds))
+                    clock[r] += seconds
                 elif ins.kind == STEP:
                     pass
                 elif ins.kind in (SEND_ACT, SEND_GRAD):
@@ -331,7 +336,7 @@ def simulate(schedules: list[list[Instruction]], forward=1.0, backward=2.0,
                     key = (peer, match)
                     if key not in posted:
                         break
-                    wait_until(r, posted.pop(key))
+                    wait_until(r, max(posted.pop(key), clock[r]) + latency)
                 pc[r] += 1
                 progress = True
     stuck = {r: next_of(r) for r in range(p) if next_of(r) is not None}

@@ -1,0 +1,64 @@
+"""Where the bubble comes from (minidist/parallel/bubble.py, chapter 5): the schedule re-run with a
+step's own costs. Checked on tables whose bubble is known by hand, and on a real 2-rank run
+(the replay is computed from the run's own records: every key is there, in range)."""
+import numpy as np
+import pytest
+
+from minidist.parallel import bubble
+from minidist.parallel import schedules as S
+
+
+def table(p, m, forward, backward, engine=0.0, v=1):
+    """A cost table (p, v, 2, m, 2): the same compute on every micro-batch, `engine` after each."""
+    costs = np.zeros((p, v, 2, m, 2))
+    for r in range(p):
+        costs[r, :, 0, :, bubble.COMPUTE] = forward[r]
+        costs[r, :, 1, :, bubble.COMPUTE] = backward[r]
+    costs[..., bubble.ENGINE] = engine
+    return costs
+
+
+@pytest.mark.parametrize("schedule, p, m", [("gpipe", 2, 4), ("1f1b", 2, 8), ("1f1b", 4, 4), ("gpipe", 3, 1)])
+def test_equal_stages_free_messages_give_the_formula(schedule, p, m):
+    costs = table(p, m, [1.0] * p, [2.0] * p)
+    plans = S.all_ranks(schedule, p, m)
+    assert bubble.stage_bubble(plans, costs) == pytest.approx(S.bubble_theory(p, m))
+    assert bubble.replayed_bubble(plans, costs, 0.0) == pytest.approx(S.bubble_theory(p, m))
+    assert bubble.replayed_bubble(plans, costs, 0.0, each=False) == pytest.approx(S.bubble_theory(p, m))
+
+
+def test_a_slow_last_stage_by_hand():
+    # p = 2, m = 1: F0 (1), F1 (3), B1 (3), B0 (1): span 8, busy 8 of 16
+    costs = table(2, 1, [1.0, 3.0], [1.0, 3.0])
+    assert bubble.stage_bubble(S.all_ranks("1f1b", 2, 1), costs) == pytest.approx(0.5)
+    # GPipe, m = 2, rank 0 costs 1 a piece, rank 1 costs 2: rank 1 computes F0 F1 B0 B1 from 1 to 9,
+    # rank 0's B1 follows rank 1's last backward: span 10, busy 4 + 8 = 12 of 20
+    costs = table(2, 2, [1.0, 2.0], [1.0, 2.0])
+    assert bubble.stage_bubble(S.all_ranks("gpipe", 2, 2), costs) == pytest.approx(1 - 12 / 20)
+
+
+def test_messages_and_the_engine_lengthen_the_span_not_the_work():
+    # p = 2, m = 1, every piece 1 s of compute + 0.25 s of engine, each receive 0.5 s:
+    # F0 + engine, receive, F1 + engine, B1 + engine, receive, B0: span 1.25 + .5 + 1.25 + 1.25 + .5 + 1
+    costs = table(2, 1, [1.0, 1.0], [1.0, 1.0], engine=0.25)
+    costs[0, 0, 1, 0, bubble.ENGINE] = 0.0  # the rank's last compute: the span ends there
+    costs[1, 0, 1, 0, bubble.ENGINE] = 0.0
+    span = 1.25 + 0.5 + 1.25 + 1.0 + 0.5 + 1.0
+    assert bubble.replayed_bubble(S.all_ranks("1f1b", 2, 1), costs, 0.5) == pytest.approx(1 - 4 / (2 * span))
+
+
+def test_the_receive_cost_is_what_a_message_took_beyond_its_sender():
+    posted = {0: 10.0, 2: 20.0, 5: 30.0}
+    received = {0: (9.0, 10.5), 2: (21.0, 21.25), 5: (29.0, 30.75)}  # waited for the sender, arrived later
+    rows = bubble.message_times(posted, {}, 8) + bubble.message_times({}, received, 8)  # two ranks' rows
+    assert bubble.receive_seconds(rows) == pytest.approx(0.5)  # median of 0.5, 0.25, 0.75
+    assert bubble.receive_seconds(np.zeros((4, 3))) == 0.0
+
+
+def test_engine_time_is_the_gap_to_the_next_event_and_none_after_the_last():
+    events = [("forward 0", "forward", 0.0, 1.0), ("recv grad 0", "wait", 1.2, 3.0),
+              ("backward 0", "backward", 3.1, 4.0), ("wait sends", "wait", 4.5, 4.6)]
+    costs = bubble.instruction_costs(events, [(0, 0, 0, 0), (0, 1, 0, 2)], 1, (2, 1, 2, 1, 2))
+    assert costs[1, 0, 0, 0].tolist() == pytest.approx([1.0, 0.2])
+    assert costs[1, 0, 1, 0].tolist() == pytest.approx([0.9, 0.0])
+    assert not costs[0].any()
