@@ -130,6 +130,10 @@ CASES = [  # (program, flag, arguments, ranks)
     (PIPELINE, "--batch-size", ["--batch-size", "0"], 1),
     (PIPELINE, "--json", ["--json", NO_DIR], 1),
     (PIPELINE, "--trace", ["--trace", NO_DIR], 1),
+    (PIPELINE, "--balance-stages", ["--balance-stages", "flops"], 1),
+    (PIPELINE, "--vocab-size", ["--vocab-size", "1"], 1),
+    (PIPELINE, "--n-layer", ["--n-layer", "0"], 1),
+    (PIPELINE, "--n-layer", ["--n-layer", "1"], 2),  # fewer blocks than stages
     (ZERO, "--stages", ["--stages", "0,5"], 1),
     (ZERO, "--steps", ["--steps", "0"], 1),
     (ZERO, "--batch-size", ["--batch-size", "0"], 1),
@@ -185,6 +189,7 @@ CASES = [  # (program, flag, arguments, ranks)
     (COLLECTIVES, "--rounds", ["--rounds", "0"], 1),
     (COLLECTIVES, "--no-malloc-tuning", ["--no-malloc-tuning=1"], 1),
     (COLLECTIVES, "--wait-demo", ["--wait-demo=1"], 1),
+    (COLLECTIVES, "--tune", ["--tune", NO_DIR], 1),
 ]
 
 

@@ -2,6 +2,7 @@
 
     mpirun -n 4 python -m minidist.bench collectives [--json PATH] [--quick] [--sizes 1K,64K,1M]
     mpirun -n 4 python -m minidist.bench collectives --wait-demo
+    mpirun -n 2 python -m minidist.bench collectives --tune tuning.json [--sizes ...]
 
 For every size and algorithm it prints the time per call, the bus bandwidth, MPI's own
 Allreduce / Reduce_scatter / Allgather measured in the same run, the ratio (ours / MPI, lower
@@ -18,6 +19,12 @@ Bus bandwidth follows nccl-tests: algbw = S / t, busbw = algbw x 2(N-1)/N for al
 x (N-1)/N for reduce-scatter and all-gather (S = the full array), so a bandwidth-optimal
 algorithm's busbw is the link's bandwidth whatever N is.
 
+`--tune PATH` times every all-reduce algorithm at each size (the default sizes, or --sizes),
+prints each one's time against MPI's, and writes the fastest per size to the tuning table at PATH
+(minidist/comm/tuning.py; a table per number of ranks and machines, the others in the file kept).
+With `MINIDIST_TUNING=PATH` in the environment, `all_reduce(algorithm="auto")` then takes the
+measured choice.
+
 On several machines (chapter 07, topology), e.g. two made-up ones over TCP on this machine:
 
     MPIR_CVAR_CH4_NETMOD=ofi FI_PROVIDER=tcp FI_TCP_IFACE=lo \
@@ -31,6 +38,7 @@ all-reduce with the two-level model (key predicted_two_level_seconds).
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import numpy as np
@@ -38,7 +46,7 @@ from mpi4py import MPI
 
 import minidist.comm as dist
 from minidist import cli
-from minidist.comm import cost, faults, traffic
+from minidist.comm import cost, faults, traffic, tuning
 from minidist.comm.algorithms import chunk_bounds
 from minidist.runtime import limit_threads_per_rank, tune_malloc
 from minidist.bench import write_records
@@ -212,6 +220,43 @@ def bench_size(comm, nbytes, budget, rounds, algorithms):
     return out
 
 
+def tune(comm, sizes, budget, rounds, machines: int) -> list[dict]:
+    """Every all-reduce algorithm timed at each size (with MPI's beside it): a row per size
+    with each one's seconds and the fastest, as the tuning table keeps them (tuning.py)."""
+    from minidist.comm import shared_memory
+    from minidist.comm.collectives import ALL_REDUCE
+
+    world = dist.get_world()
+    candidates = [name for name in ALL_REDUCE
+                  if (name != "shared_memory" or shared_memory.window_or_none(world) is not None)
+                  and (name != "hierarchical" or machines > 1)]
+    rows = []
+    for nbytes in sizes:
+        x = np.random.default_rng(comm.rank).standard_normal(nbytes // 4).astype(np.float32)
+        work, mpi_out = x.copy(), np.empty_like(x)
+        seconds, mpi = {}, []
+        for name in candidates:
+            t, t_mpi = compare(lambda: dist.all_reduce(work, algorithm=name),  # noqa: B023
+                               lambda: comm.Allreduce(x, mpi_out, op=MPI.SUM), comm, budget, rounds)
+            seconds[name] = t
+            mpi.append(t_mpi)
+        rows.append({"bytes": nbytes, "algorithm": min(seconds, key=seconds.get), "seconds": seconds,
+                     "mpi_seconds": min(mpi)})
+    return rows
+
+
+def print_tuning(rows, n: int, path: str) -> None:
+    names = list(rows[0]["seconds"])
+    print(f"all-reduce on {n} ranks: us per call, and the ratio of the fastest to MPI's")
+    print(f"{'bytes':>6s} " + " ".join(f"{name[:12]:>12s}" for name in names) + f" {'MPI':>9s}  fastest (ratio)")
+    for row in rows:
+        best = row["seconds"][row["algorithm"]]
+        print(f"{human(row['bytes']):>6s} " + " ".join(f"{row['seconds'][name] * 1e6:12.1f}" for name in names)
+              + f" {row['mpi_seconds'] * 1e6:9.1f}  {row['algorithm']} ({best / row['mpi_seconds']:.2f}x)")
+    print(f"wrote the table for {n} ranks to {path}; `export MINIDIST_TUNING={os.path.abspath(path)}` "
+          "makes algorithm='auto' use it")
+
+
 def wait_demo(comm):
     """Rank 0 computes while the others wait for its message: how long does its compute take?"""
     r = comm.rank
@@ -264,6 +309,8 @@ def main(argv=None):
     parser.add_argument("--rounds", type=cli.integer(1), default=3)
     parser.add_argument("--no-malloc-tuning", action="store_true")
     parser.add_argument("--wait-demo", action="store_true", help="only measure the polite wait's effect")
+    parser.add_argument("--tune", type=cli.output_file, metavar="PATH",
+                        help="time every all-reduce algorithm per size and write the fastest to this tuning table")
     args = parser.parse_args(argv)
     comm = MPI.COMM_WORLD
     limit_threads_per_rank(comm)  # ranks share the machine's cores (chapter 2)
@@ -276,6 +323,13 @@ def main(argv=None):
     budget = args.budget or (0.02 if args.quick else 0.05)
     layout = node_layout(comm)
     machines = len(layout) > 1
+    if args.tune:
+        rows = tune(comm, sizes, budget, args.rounds, len(layout))
+        if comm.rank == 0:
+            tuning.write(args.tune, n_ranks := comm.size, len(layout), rows,
+                         MPI.Get_library_version().splitlines()[0].strip())
+            print_tuning(rows, n_ranks, args.tune)
+        return 0
     default = ALL_REDUCE_ALGOS + ["auto+spin"] + ["hierarchical"] * machines
     algorithms = args.algorithms or default
     np.seterr(over="ignore", invalid="ignore")  # repeated in-place sums grow to inf: harmless here

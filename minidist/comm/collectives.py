@@ -32,7 +32,7 @@ from mpi4py import MPI
 
 from minidist import timeline
 from minidist.comm import algorithms as alg
-from minidist.comm import hierarchical, shared_memory, traffic
+from minidist.comm import hierarchical, shared_memory, traffic, tuning
 from minidist.comm.consistency import (CollectiveMismatch, check_consistent, needs_check,  # noqa: F401
                                        set_check, unchecked)
 from minidist.comm.cost import AUTO_CANDIDATES, AUTO_COST, auto_algorithm  # noqa: F401  (re-exported)
@@ -248,9 +248,16 @@ def choose_all_reduce(algorithm: str, world: World, nbytes: int) -> str:
     expensive links. One rank per machine: the message algorithm the alpha-beta model
     (cost.py) predicts fastest for this size and group size (`cost.auto_algorithm`): recursive
     doubling for small arrays, halving-doubling or the ring for large ones. Every rank
-    computes the same answer from the same numbers."""
+    computes the same answer from the same numbers.
+
+    With a tuning table (MINIDIST_TUNING, tuning.py, written by `bench collectives --tune`) the
+    algorithm measured fastest for this group and size comes first."""
     if algorithm != "auto":
         return algorithm
+    if tuning.table_path() is not None:
+        tuned = tuning.lookup(world.size, len(hierarchical.hierarchy(world).per_node), nbytes)
+        if tuned is not None and (tuned != "shared_memory" or shared_memory.window_or_none(world) is not None):
+            return tuned
     if shared_memory.window_or_none(world) is not None:
         return "shared_memory"
     if hierarchical.hierarchy(world).spans_nodes_with_neighbours:
