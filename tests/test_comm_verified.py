@@ -41,6 +41,7 @@ def verified_program():
     out["one node"] = ranks_share_a_node(world.comm)  # as MPI reports it (MINIDIST_NODES may say otherwise)
     out["auto"] = choose_all_reduce("auto", world, 1 << 20)
     out["auto 48 bytes"] = choose_all_reduce("auto", world, 48)
+    out["auto x"], out["x bytes"] = choose_all_reduce("auto", world, x.nbytes), x.nbytes
     out["named"] = choose_all_reduce("ring", world, 1 << 20)
     traffic.reset()
     with all_reduce_algorithm("ring"):
@@ -89,7 +90,10 @@ def test_auto_is_shared_memory_on_one_machine_and_the_default_can_be_set(results
     for out in outs:
         if out["one node"]:
             assert out["auto"] == "shared_memory"
-            assert out["after kinds"] == ["all_reduce.shared_memory"]
+            # two ranks and a small array: one exchange of messages (collectives.choose_all_reduce)
+            small = "recursive_doubling" if n == 2 else "shared_memory"
+            assert out["auto 48 bytes"] == small and out["auto x"] == ("shared_memory" if out["x bytes"] >= 16384 else small)
+            assert out["after kinds"] == [f"all_reduce.{out['auto x']}"]
         else:  # across nodes, messages (which algorithm: tests/test_comm_hierarchical.py)
             assert out["auto"] != "shared_memory"
             assert out["after kinds"][0] == f"all_reduce.{out['auto 48 bytes']}"

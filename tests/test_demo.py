@@ -240,9 +240,11 @@ def test_tour_compares_strategies_with_serial(tmp_path):
         assert row["max_abs_diff_from_serial"] < 1e-10, row
     assert rows["dp"]["bytes_sent_per_rank"] > 0 and rows["serial"]["bytes_sent_per_rank"] == 0
     assert "max |w - serial|" in proc.stdout
-    # which all-reduce ran: on one machine "auto" is the shared-memory window
+    # which all-reduce ran: on one machine "auto" is the shared-memory window (on two ranks, one
+    # exchange of messages for the small arrays: the loss, the norm)
     assert report["algorithm"] == "auto"
-    assert rows["dp"]["all_reduce_algorithms"] == ["shared_memory"] and rows["serial"]["all_reduce_algorithms"] == []
+    assert "shared_memory" in rows["dp"]["all_reduce_algorithms"] and rows["serial"]["all_reduce_algorithms"] == []
+    assert set(rows["dp"]["all_reduce_algorithms"]) <= {"shared_memory", "recursive_doubling"}
     # stdout: one labelled line per strategy (the sample once), no unlabelled step lines
     labelled = [line.split()[0] for line in proc.stdout.splitlines() if " ms/step " in line]
     assert labelled == [row["strategy"] for row in report["tour"]], proc.stdout

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from minidist.comm import tuning
+from minidist.comm.collectives import ALL_REDUCE
 from minidist.comm.launch import find_mpiexec, run
 
 
@@ -54,7 +55,7 @@ def test_an_unusable_table_is_named_with_the_reason(tmp_path, content, why):
     path.write_text(content)
     tuning._read.cache_clear()
     with pytest.raises(tuning.TuningError, match="MINIDIST_TUNING=.*bad.json") as error:
-        tuning.lookup(2, 1, 1024, str(path))
+        tuning.lookup(2, 1, 1024, str(path), known=tuple(ALL_REDUCE))
     assert why in str(error.value)
     with pytest.raises(tuning.TuningError, match="cannot be read"):
         tuning.lookup(2, 1, 1024, str(tmp_path / "missing.json"))
@@ -88,8 +89,9 @@ def test_auto_takes_the_tables_choice_and_equals_mpi(tmp_path, monkeypatch):
         assert rank[1024]["kinds"] == ["all_reduce.recursive_doubling"] and rank[1 << 20]["kinds"] == ["all_reduce.ring"]
         assert all(r["error"] < 1e-5 for r in rank.values())
     monkeypatch.delenv("MINIDIST_TUNING")
-    for rank in run(tuned_rank_program, 2, [1024], timeout=120):  # without it: the built-in choice
-        assert rank[1024]["chosen"] == "shared_memory"
+    for rank in run(tuned_rank_program, 2, [1024, 1 << 20], timeout=120):  # without it: the built-in choice
+        assert rank[1024]["chosen"] == "recursive_doubling" and rank[1 << 20]["chosen"] == "shared_memory"
+        assert all(r["error"] < 1e-5 for r in rank.values())
 
 
 def test_tune_writes_a_table_auto_then_follows(tmp_path):

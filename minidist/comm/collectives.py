@@ -52,6 +52,7 @@ ALL_REDUCE = {
 }
 BROADCAST = {"tree": alg.broadcast_tree, "naive": alg.broadcast_naive}
 REDUCE = {"tree": alg.reduce_tree, "naive": alg.reduce_naive}
+_NAMES = tuple(ALL_REDUCE)
 _KIND = {name: f"all_reduce.{name}" for name in ALL_REDUCE}  # the traffic kinds, made once
 
 
@@ -203,12 +204,18 @@ def _predivide(array: np.ndarray, n: int, out: np.ndarray):
 
 
 def _op(op: str, dtype, name: str):
+    if (op, dtype) in _CHECKED:  # every call checks: remembered, since the check costs a small call's microsecond
+        return OPS[op]
     if op not in OPS:
         raise ValueError(f"{name}: unknown op {op!r}; choose from {sorted(OPS)}")
     floating = np.issubdtype(dtype, np.floating) or np.dtype(dtype).name == "bfloat16"  # ml_dtypes' (chapter 10)
     if op == "avg" and not floating:
         raise TypeError(f"{name}: op='avg' needs a floating dtype, got {dtype} (use 'sum' and divide)")
+    _CHECKED.add((op, dtype))
     return OPS[op]
+
+
+_CHECKED: set = set()  # (op, dtype) pairs _op has accepted
 
 
 # -- the collectives -------------------------------------------------------------------------
@@ -242,7 +249,8 @@ def choose_all_reduce(algorithm: str, world: World, nbytes: int) -> str:
     """What algorithm="auto" means, in one place (chapter 7).
 
     On one machine, the shared-memory window: every rank adds its share straight into the
-    others' memory, no messages at all (shared_memory.py). Across machines with several ranks
+    others' memory, no messages at all (shared_memory.py); except for two ranks and an array
+    below 16 KB, where a single exchange of messages (recursive doubling) is faster. Across machines with several ranks
     on some machine, the hierarchical all-reduce: reduce inside each machine, all-reduce among
     one leader per machine, broadcast inside (hierarchical.py), so that few bytes cross the
     expensive links. One rank per machine: the message algorithm the alpha-beta model
@@ -255,15 +263,18 @@ def choose_all_reduce(algorithm: str, world: World, nbytes: int) -> str:
     if algorithm != "auto":
         return algorithm
     if tuning.table_path() is not None:
-        tuned = tuning.lookup(world.size, len(hierarchical.hierarchy(world).per_node), nbytes)
+        tuned = tuning.lookup(world.size, len(hierarchical.hierarchy(world).per_node), nbytes, known=_NAMES)
         if tuned is not None and (tuned != "shared_memory" or shared_memory.window_or_none(world) is not None):
             return tuned
     if shared_memory.window_or_none(world) is not None:
-        return "shared_memory"
+        # two ranks, a small array: one exchange of messages beats the window's two flag rounds
+        return "recursive_doubling" if world.size == 2 and nbytes < SMALL_FOR_TWO else "shared_memory"
     if hierarchical.hierarchy(world).spans_nodes_with_neighbours:
         return "hierarchical"
     return auto_algorithm(nbytes, world.size)
 
+
+SMALL_FOR_TWO = 16 << 10  # measured (bench collectives --tune, 2 ranks): below it recursive doubling wins
 
 _DEFAULT_ALGORITHM = ["auto"]
 

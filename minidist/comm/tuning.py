@@ -38,17 +38,18 @@ class TuningError(ValueError):
     """The file MINIDIST_TUNING names cannot be used; the message names it and says why."""
 
 
+@functools.lru_cache(maxsize=1)
 def table_path() -> str | None:
-    """The tuning file auto reads: MINIDIST_TUNING, or None (the built-in choice)."""
+    """The tuning file auto reads: MINIDIST_TUNING, or None (the built-in choice). Read once per
+    process, as MPI reads its settings at start: every all-reduce asks, and must cost nothing."""
     return os.environ.get(ENV) or None
 
 
 @functools.lru_cache(maxsize=8)
-def _read(path: str) -> dict:
-    """{(ranks, machines): ([bytes ascending], [algorithm])}, checked. Read once per process: a
-    file that changed under a running job would make its ranks disagree."""
-    from minidist.comm.collectives import ALL_REDUCE
-
+def _read(path: str, known: tuple) -> dict:
+    """{(ranks, machines): ([bytes ascending], [algorithm])}, checked (the algorithms against
+    `known`, when given). Read once per process: a file that changed under a running job would
+    make its ranks disagree."""
     def bad(why: str):
         return TuningError(f"{ENV}={path}: {why} (write it with `mpirun -n N python -m minidist.bench "
                            "collectives --tune PATH`, or unset the variable)")
@@ -69,25 +70,26 @@ def _read(path: str) -> dict:
             rows = sorted((int(row["bytes"]), str(row["algorithm"])) for row in table["sizes"])
         except (KeyError, TypeError, ValueError):
             raise bad(f"table {i} needs ranks, machines and sizes of {{bytes, algorithm}}") from None
-        unknown = sorted({name for _, name in rows} - set(ALL_REDUCE))
+        unknown = sorted({name for _, name in rows} - set(known)) if known else []
         if unknown or not rows:
             raise bad(f"table {i} ({key[0]} ranks) names no algorithm" if not rows else
-                      f"table {i} ({key[0]} ranks) names unknown algorithms {unknown}; choose from {sorted(ALL_REDUCE)}")
+                      f"table {i} ({key[0]} ranks) names unknown algorithms {unknown}; choose from {sorted(known)}")
         tables[key] = ([b for b, _ in rows], [a for _, a in rows])
     return tables
 
 
-def load(path: str | None = None) -> dict:
-    """The tables of the file at `path` (default: MINIDIST_TUNING); {} when there is none."""
+def load(path: str | None = None, known: tuple = ()) -> dict:
+    """The tables of the file at `path` (default: MINIDIST_TUNING); {} when there is none.
+    `known`: the algorithm names a table may use (collectives.ALL_REDUCE's)."""
     path = path or table_path()
-    return {} if path is None else _read(path)
+    return {} if path is None else _read(path, tuple(known))
 
 
-def lookup(ranks: int, machines: int, nbytes: int, path: str | None = None) -> str | None:
+def lookup(ranks: int, machines: int, nbytes: int, path: str | None = None, known: tuple = ()) -> str | None:
     """The measured algorithm for an all-reduce of `nbytes` on `ranks` ranks over `machines`
     machines: the entry of the largest measured size <= nbytes (the smallest if nbytes is below
     all); None without a table for that group."""
-    table = load(path).get((ranks, machines))
+    table = load(path, known).get((ranks, machines))
     if table is None:
         return None
     sizes, algorithms = table
