@@ -87,7 +87,8 @@ def cut_rank_program(cut, m):
     with default_dtype("float64"):
         task = make_task("sort", CONFIG["block_size"], seed=0)
         trainer = PipelineTrainer(GPTConfig(**CONFIG), OptimSettings(**SETTINGS), task, BATCH, seed=0,
-                                  group=get_world(), microbatches=m, schedule="1f1b", stage_blocks=cut)
+                                  group=get_world(), microbatches=m, schedule="1f1b", stage_blocks=cut,
+                                  explain_bubble=True)
         results = [trainer.step(s) for s in range(STEPS)]
         held = sorted(name for name, _ in trainer.stage.named_parameters() if name.startswith("h."))
         agreed = balanced_blocks(GPTConfig(**dict(CONFIG, vocab_size=4096)), get_world().size, 2, get_world())

@@ -74,7 +74,7 @@ def measure(schedules=("gpipe", "1f1b"), microbatches=(1, 2, 4, 8), steps: int =
                 v = virtual_stages if schedule == "interleaved" else 1
                 trainer = PipelineTrainer(config, OptimSettings(lr=1e-3, steps=steps), task, batch_size,
                                           group=get_world(), microbatches=m, schedule=schedule, virtual_stages=v,
-                                          stage_blocks=blocks if v == 1 else None)
+                                          stage_blocks=blocks if v == 1 else None, explain_bubble=True)
                 traffic.reset()
                 seconds = []
                 for s in range(steps):

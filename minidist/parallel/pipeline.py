@@ -66,18 +66,22 @@ class PipelineTrainer(Trainer):
     "1f1b" is pipeline parallelism (chapter 5), and "interleaved" with `virtual_stages=v` gives
     each rank v chunks (m must be a multiple of p; v defaults to 2 there, and must be 1
     otherwise). `step` returns the same (loss, accuracy) on every rank; `state_dict` (a
-    collective: call it on every rank) gives rank 0 the whole model.
+    collective: call it on every rank) gives rank 0 the whole model. `stage_blocks` cuts the
+    blocks by the given counts per stage (stage_balance.py); `explain_bubble` re-runs every step's
+    schedule from its own records (bubble.py: one more small all-reduce a step), for the report's
+    `bubble_simulated`, `bubble_modelled`, `bubble_replayed` and `stage_seconds`.
     """
 
     def __init__(self, config: GPTConfig, settings: OptimSettings, task, batch_size: int, seed: int = 0,
                  group: World | None = None, microbatches: int = 1, schedule: str = "1f1b",
-                 virtual_stages: int | None = None, precision: str = "fp32", stage_blocks: list[int] | None = None):
+                 virtual_stages: int | None = None, precision: str = "fp32", stage_blocks: list[int] | None = None,
+                 explain_bubble: bool = False):
         world = resolve(group)
         self.amp = Precision(precision, settings)  # chapter 10: the format, the masters, the scaler
         self.precision, self.scaler = self.amp.name, self.amp.scaler
         v = virtual_stages if virtual_stages is not None else (2 if schedule == "interleaved" else 1)
         check_pipeline_layout(config, batch_size, world.size, microbatches, schedule, v, stage_blocks)
-        self.virtual_stages, self.stage_blocks = v, stage_blocks
+        self.virtual_stages, self.stage_blocks, self.explain_bubble = v, stage_blocks, explain_bubble
         self.config, self.settings, self.task = config, settings, task
         self.batch_size, self.microbatches, self.schedule_name = batch_size, microbatches, schedule
         self.name = "mp" if microbatches == 1 else f"pp-{schedule}"
@@ -278,28 +282,36 @@ class PipelineTrainer(Trainer):
         """Loss and accuracy (from the last stage), the bubble and peaks: the same on every rank."""
         p, m, v = self.stages, self.microbatches, self.virtual_stages
         work = [e for e in self.timeline.events[self.mark:] if e[1] in ("forward", "backward")]
-        shape = (p, v, 2, m, 2)  # each rank fills its row: compute and engine seconds of each instruction
-        costs = bubble.instruction_costs(self.timeline.events, self.work, self.rank, shape)
-        messages = bubble.message_times(self.posted, self.received, self._tag(m, 0, False))
-        totals = np.concatenate([np.zeros(3 + 2 * p), costs.ravel(), messages.ravel()])  # one all-reduce for all
+        totals = np.zeros(3 + 2 * p)
         if self.stage.last:
             totals[0], totals[1] = sum(self.losses) / m, sum(self.accuracies) / m  # equal token counts
         totals[2] = sum(end - start for _, _, start, end in work)
         totals[3 + self.rank], totals[3 + p + self.rank] = self.step_peak_count, self.step_peak_bytes
         all_reduce(totals, op="sum", group=self.group)
-        costs = totals[3 + 2 * p:3 + 2 * p + costs.size].reshape(shape)
-        receive = bubble.receive_seconds(totals[3 + 2 * p + costs.size:].reshape(messages.shape))
         # one clock for all ranks on one machine (timeline.py): the span of the whole pipeline
         span = np.array([-min(e[2] for e in work), max(e[3] for e in work)])
         all_reduce(span, op="max", group=self.group)
         self.bubbles.append(1.0 - totals[2] / (p * (span[0] + span[1])))
+        if self.explain_bubble:
+            self._explain_bubble()
+        self.peak_count = [max(a, int(b)) for a, b in zip(self.peak_count, totals[3:3 + p])]
+        self.peak_bytes = [max(a, int(b)) for a, b in zip(self.peak_bytes, totals[3 + p:])]
+        return float(totals[0]), float(totals[1])
+
+    def _explain_bubble(self):
+        """The step re-run from its own records (bubble.py, chapter 5): every rank's compute and
+        engine time per instruction and its messages' times, summed into one table everywhere."""
+        p, m, v = self.stages, self.microbatches, self.virtual_stages
+        shape = (p, v, 2, m, 2)  # each rank fills its row: compute and engine seconds of each instruction
+        costs = bubble.instruction_costs(self.timeline.events, self.work, self.rank, shape)
+        messages = bubble.message_times(self.posted, self.received, self._tag(m, 0, False))
+        table = np.concatenate([costs.ravel(), messages.ravel()])
+        all_reduce(table, op="sum", group=self.group)
+        costs, receive = table[:costs.size].reshape(shape), bubble.receive_seconds(table[costs.size:].reshape(-1, 3))
         self.stage_seconds = costs[..., bubble.COMPUTE].mean(axis=3)
         self.simulated.append(bubble.stage_bubble(self.every_schedule, costs))
         self.replayed.append(bubble.replayed_bubble(self.every_schedule, costs, receive))
         self.modelled.append(bubble.replayed_bubble(self.every_schedule, costs, receive, each=False))
-        self.peak_count = [max(a, int(b)) for a, b in zip(self.peak_count, totals[3:3 + p])]
-        self.peak_bytes = [max(a, int(b)) for a, b in zip(self.peak_bytes, totals[3 + p:])]
-        return float(totals[0]), float(totals[1])
 
     # -- reports -------------------------------------------------------------------------------
     def step_events(self) -> list[tuple]:
