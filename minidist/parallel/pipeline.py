@@ -280,7 +280,7 @@ class PipelineTrainer(Trainer):
 
     def _share_results(self):
         """Loss and accuracy (from the last stage), the bubble and peaks: the same on every rank."""
-        p, m, v = self.stages, self.microbatches, self.virtual_stages
+        p, m = self.stages, self.microbatches
         work = [e for e in self.timeline.events[self.mark:] if e[1] in ("forward", "backward")]
         totals = np.zeros(3 + 2 * p)
         if self.stage.last:
