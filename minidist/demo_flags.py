@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved"], default="1f1b", help="pipeline schedule")
     p.add_argument("--virtual-stages", type=positive, default=2,
                    help="model chunks per rank of --schedule interleaved (the model is cut into pp x V chunks)")
+    p.add_argument("--balance-stages", choices=["blocks", "time"], default="blocks",
+                   help="cut the blocks into pipeline stages by count, or by measured cost (chapter 5; --pp with "
+                        "one chunk per rank, no --tp or --cp)")
     p.add_argument("--zero", type=int, choices=[1, 2, 3], help="ZeRO stage over the --dp replicas (chapter 8)")
     p.add_argument("--accumulation", type=positive, default=1, help="gradient-accumulation micro-steps per optimizer step")
     p.add_argument("--bucket-kb", type=positive, default=1024, help="data-parallel gradient bucket size (KiB)")
@@ -165,6 +168,11 @@ def check_args(args, world_size: int):
              (("--accumulation", asked.microbatches > 1), ("--fp32-grads", asked.fp32_grads)) if on), None)
         if why is not None:
             raise ValueError(why)
+    if args.balance_stages == "time" and (layout is None or layout.pp == 1 or layout.virtual_stages > 1 or
+                                          layout.tp > 1 or layout.cp > 1 or args.experts is not None):
+        raise ValueError(f"--balance-stages time cuts a pipeline's blocks by measured cost: it needs --pp > 1 with "
+                         f"one chunk per rank and no --tp, --cp or --experts (layout "
+                         f"{layout if layout is not None else 'the tour'})")
     if args.save and layout is None:
         raise ValueError("--save needs one layout (e.g. --dp N): the tour trains many models and keeps none")
     if args.checkpoint is not None and layout is None:

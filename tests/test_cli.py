@@ -62,6 +62,8 @@ CASES = [  # (program, flag, arguments, ranks)
     (DEMO, "--microbatches", ["--microbatches", "0"], 1),
     (DEMO, "--schedule", ["--schedule", "zigzag"], 1),
     (DEMO, "--virtual-stages", ["--virtual-stages", "0"], 1),
+    (DEMO, "--balance-stages", ["--balance-stages", "flops"], 1),
+    (DEMO, "--balance-stages", ["--balance-stages", "time"], 1),  # no pipeline to cut
     (DEMO, "--zero", ["--zero", "4"], 1),
     (DEMO, "--accumulation", ["--accumulation", "0"], 1),
     (DEMO, "--bucket-kb", ["--bucket-kb", "0"], 1),

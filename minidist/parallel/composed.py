@@ -107,7 +107,8 @@ class MeshTrainer(PipelineTrainer):
                  group: World | None = None, dp: int = 1, tp: int = 1, pp: int = 1, microbatches: int = 1,
                  schedule: str = "1f1b", virtual_stages: int | None = None, sequence_parallel: bool = False,
                  bucket_cap_bytes: int = 1 << 20, precision: str = "fp32", fp32_grads: bool = False,
-                 cp: int = 1, cp_algorithm: str = "ring", cp_split: str = "zigzag", ep: int = 1):
+                 cp: int = 1, cp_algorithm: str = "ring", cp_split: str = "zigzag", ep: int = 1,
+                 stage_blocks: list[int] | None = None):
         world = resolve(group)
         v = virtual_stages if virtual_stages is not None else (2 if schedule == "interleaved" else 1)
         check_composed(config, world.size, batch_size, dp, tp, pp, microbatches, schedule, v, sequence_parallel,
@@ -124,7 +125,7 @@ class MeshTrainer(PipelineTrainer):
             SequenceSplit(config.block_size, cp, cp_split), cp_algorithm)
         self.replica_group = mesh.dp_group if cp == 1 else mesh["dp_cp"]
         super().__init__(config, settings, task, batch_size, seed, group=mesh.pp_group, microbatches=microbatches,
-                         schedule=schedule, virtual_stages=v, precision=precision)
+                         schedule=schedule, virtual_stages=v, precision=precision, stage_blocks=stage_blocks)
         self.name = mesh_name(dp, tp, pp, self.zero, sequence_parallel, cp, cp_algorithm, cp_split)
         self.model = None  # no rank holds the whole model (tp = pp = 1 would: use the dp trainer)
         self.build_data_parallel(bucket_cap_bytes)
@@ -134,7 +135,7 @@ class MeshTrainer(PipelineTrainer):
             stage = context_parallel_stage(self.context, config, self.tp_group, self.rank, self.stages, seed,
                                            virtual_stages, self.sequence_parallel)
         elif self.mesh.tp == 1:
-            stage = PipelineStage(config, self.rank, self.stages, seed, virtual_stages)
+            stage = PipelineStage(config, self.rank, self.stages, seed, virtual_stages, self.stage_blocks)
         else:
             kind = SequenceParallelStage if self.sequence_parallel else TensorParallelStage
             stage = kind(config, self.tp_group, self.rank, self.stages, seed, virtual_stages)

@@ -63,13 +63,21 @@ def optim_settings(args) -> OptimSettings:
 
 def make_trainer(layout: Layout, args, config, task, world):
     """The trainer of a validated layout, with the demo's optimizer settings and --recompute."""
-    trainer = build_trainer(layout, config, task, world, optim_settings(args), args.batch_size, args.seed)
+    blocks = None
+    if getattr(args, "balance_stages", "blocks") == "time":  # every rank measures; the cut is their mean's (chapter 5)
+        from minidist.parallel.stage_balance import balanced_blocks
+        rows = max(1, args.batch_size // max(1, layout.dp * layout.microbatches))
+        blocks = balanced_blocks(config, layout.pp, rows, world)
+    trainer = build_trainer(layout, config, task, world, optim_settings(args), args.batch_size, args.seed,
+                            stage_blocks=blocks)
     apply_recompute(trainer, layout)
     return trainer
 
 
-def build_trainer(layout: Layout, config, task, world, settings: OptimSettings, batch_size: int, seed: int = 0):
-    """Build the trainer `layout.strategy` names (the layout is valid: `Layout.validate`)."""
+def build_trainer(layout: Layout, config, task, world, settings: OptimSettings, batch_size: int, seed: int = 0,
+                  stage_blocks: list[int] | None = None):
+    """Build the trainer `layout.strategy` names (the layout is valid: `Layout.validate`);
+    `stage_blocks`, a pipeline's blocks per stage (stage_balance.py; None: the even cut)."""
     kind = strategy(layout, isinstance(config, MoEConfig))
     common = dict(seed=seed, precision=layout.precision)
     if kind == "moe":
@@ -99,11 +107,13 @@ def build_trainer(layout: Layout, config, task, world, settings: OptimSettings, 
                                      sequence_parallel=layout.sequence_parallel, **common)
     if kind == "mp" or kind.startswith("pp-"):
         return PipelineTrainer(config, settings, task, batch_size, group=world, microbatches=layout.microbatches,
-                               schedule=layout.schedule, virtual_stages=layout.virtual_stages, **common)
-    return build_mesh_trainer(layout, config, task, world, settings, batch_size, seed)
+                               schedule=layout.schedule, virtual_stages=layout.virtual_stages,
+                               stage_blocks=stage_blocks, **common)
+    return build_mesh_trainer(layout, config, task, world, settings, batch_size, seed, stage_blocks)
 
 
-def build_mesh_trainer(layout: Layout, config, task, world, settings: OptimSettings, batch_size: int, seed: int):
+def build_mesh_trainer(layout: Layout, config, task, world, settings: OptimSettings, batch_size: int, seed: int,
+                       stage_blocks: list[int] | None = None):
     """The composed trainer: ZeRO-2/3 over dp x tp shards, or the pipeline mesh (ZeRO-0/1)."""
     if layout.zero >= 2:
         return zero_tensor.STAGES[layout.zero](config, settings, task, batch_size, seed=seed, group=world,
@@ -114,7 +124,7 @@ def build_mesh_trainer(layout: Layout, config, task, world, settings: OptimSetti
         microbatches=layout.microbatches, schedule=layout.schedule or "1f1b", virtual_stages=layout.virtual_stages,
         sequence_parallel=layout.sequence_parallel, bucket_cap_bytes=layout.bucket_kb * 1024,
         fp32_grads=layout.fp32_grads, precision=layout.precision, cp=layout.cp, cp_algorithm=layout.cp_algorithm,
-        cp_split=layout.cp_split)
+        cp_split=layout.cp_split, stage_blocks=stage_blocks)
 
 
 def apply_recompute(trainer, layout: Layout) -> None:
