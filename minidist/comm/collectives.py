@@ -32,7 +32,7 @@ from mpi4py import MPI
 
 from minidist import timeline
 from minidist.comm import algorithms as alg
-from minidist.comm import hierarchical, shared_memory, traffic, tuning
+from minidist.comm import fast_paths, hierarchical, shared_memory, traffic, tuning
 from minidist.comm.consistency import (CollectiveMismatch, check_consistent, needs_check,  # noqa: F401
                                        set_check, unchecked)
 from minidist.comm.cost import AUTO_CANDIDATES, AUTO_COST, auto_algorithm  # noqa: F401  (re-exported)
@@ -239,6 +239,9 @@ def all_reduce(array: np.ndarray, op: str = "sum", group: World | None = None,
     if world.size == 1 or buf.size == 0:
         return _run(None, None, array, async_op, finish)
     algorithm = choose_all_reduce(algorithm, world, buf.nbytes)
+    if fast_paths.exchange_applies(world, buf, algorithm, async_op, timeline.RECORDER is not None):
+        fast_paths.exchange_two(world, buf, ufunc, _KIND[algorithm])  # the same, without the step machinery
+        return _run(None, None, array, False, finish)
     if algorithm == "shared_memory":  # it divides each reduced chunk itself, while the chunk is in cache
         return _run_in_order(shared_memory.window(world), buf, ufunc, array, async_op, average=(op == "avg"))
     ctx = _Ctx(world, _KIND[algorithm])

@@ -1,0 +1,60 @@
+"""Hot-path shortcuts of the collectives, kept apart from the plain code (chapter 7).
+
+The plain collectives (collectives.py) drive every algorithm the same way: a call context, a
+generator of steps, a wait per step. That machinery costs about 2 µs of Python per call, as long
+as MPI's whole all-reduce of 1 KB on two ranks. For the one case where that dominates, this file
+does the same work straight:
+
+- `exchange_two`: an all-reduce on two ranks by recursive doubling is a single exchange and one
+  add (algorithms.all_reduce_recursive_doubling with N = 2), posted with the call's own tag,
+  counted under the same traffic kind, waited for politely, a timeout naming the peer as the
+  plain path does. Arrays below the staging size only (larger ones are the plain path's).
+
+One switch: `ENABLED` (`use_fast_paths(False)`, or MINIDIST_COMM_FAST_PATHS=0 in the environment)
+sends every call down the plain path; tests/test_comm_fast_paths.py checks that both give the
+same bits and the same counters. A recording trace (chapter 5) always takes the plain path, which
+it instruments.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from mpi4py import MPI
+
+from minidist.comm import traffic
+from minidist.comm.algorithms import STAGE_BYTES
+from minidist.comm.waiting import Request, poll
+
+ENABLED = [os.environ.get("MINIDIST_COMM_FAST_PATHS", "1") != "0"]
+_BYTE = MPI.BYTE
+_testall = MPI.Request.Testall
+
+
+def use_fast_paths(on: bool) -> None:
+    """Turn the shortcuts on or off for this process (every rank must agree)."""
+    ENABLED[0] = bool(on)
+
+
+def exchange_applies(world, buf: np.ndarray, algorithm: str, async_op: bool, recording: bool) -> bool:
+    """Does `exchange_two` take this call?"""
+    return (ENABLED[0] and algorithm == "recursive_doubling" and world.size == 2 and not async_op
+            and not recording and buf.nbytes < STAGE_BYTES)
+
+
+def exchange_two(world, buf: np.ndarray, ufunc, kind: str) -> None:
+    """All-reduce `buf` in place on a group of two: swap with the other rank, then `ufunc` (the
+    same on both sides: a + b == b + a exactly, so both ranks hold the same bits)."""
+    peer, comm, tag = 1 - world.rank, world.coll_comm, world.next_tag()
+    theirs = np.empty_like(buf)
+    requests = [comm.Irecv([theirs, _BYTE], peer, tag), comm.Isend([buf, _BYTE], peer, tag)]
+    if not _testall(requests):
+        poll(requests, None, lambda: [Request(requests[0], "recv", peer, tag, buf.nbytes, kind, world),
+                                      Request(requests[1], "send", peer, tag, buf.nbytes, kind, world)])
+    counts = traffic.counter(traffic.labelled(kind, world))
+    counts.calls += 1
+    counts.messages += 1
+    counts.messages_received += 1
+    counts.bytes_sent += buf.nbytes
+    counts.bytes_received += buf.nbytes
+    ufunc(buf, theirs, out=buf)

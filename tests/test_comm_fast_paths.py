@@ -1,0 +1,71 @@
+"""The collectives' hot-path shortcuts (minidist/comm/fast_paths.py, chapter 7) give the plain
+path's bits and counters, under real mpiexec; off by one switch."""
+import numpy as np
+import pytest
+
+from minidist.comm.launch import run
+
+SIZES = [1, 7, 256, 2047]  # elements: up to just below the staging size in float32
+
+
+def both_paths_program():
+    from mpi4py import MPI
+
+    import minidist.comm as dist
+    from minidist.comm import fast_paths, traffic
+
+    world, out = dist.get_world(), {}
+    rng = np.random.default_rng(world.rank)
+    for dtype in (np.float32, np.float64, np.int64):
+        for op in ("sum", "max", "avg"):
+            if op == "avg" and dtype is np.int64:
+                continue
+            for n in SIZES:
+                x = (rng.standard_normal(n) * 100).astype(dtype)
+                results, counters = [], []
+                for fast in (True, False):
+                    fast_paths.use_fast_paths(fast)
+                    y = x.copy()
+                    traffic.reset()
+                    dist.all_reduce(y, op=op, algorithm="recursive_doubling")
+                    results.append(y)
+                    counters.append(traffic.snapshot())
+                expected = np.empty_like(x)
+                MPI.COMM_WORLD.Allreduce(x, expected, op=MPI.MAX if op == "max" else MPI.SUM)
+                if op == "avg":
+                    expected = expected / 2
+                out[(np.dtype(dtype).name, op, n)] = {
+                    "same bits": results[0].tobytes() == results[1].tobytes(),
+                    "same counters": counters[0] == counters[1],
+                    "error": float(np.max(np.abs(results[0] - expected))) if n else 0.0,
+                    "counters": counters[0]}
+    fast_paths.use_fast_paths(True)
+    return out
+
+
+def test_the_two_rank_exchange_equals_the_plain_path_and_mpi():
+    for rank in run(both_paths_program, 2, timeout=120):
+        for key, result in rank.items():
+            assert result["same bits"] and result["same counters"], (key, result)
+            assert result["error"] <= 1e-12 * (1 if key[0] != "float32" else 1e6), (key, result)
+        counts = rank[("float64", "sum", 256)]["counters"]["all_reduce.recursive_doubling"]
+        assert (counts["calls"], counts["messages"], counts["bytes_sent"]) == (1, 1, 256 * 8)
+
+
+def test_the_switch_and_where_the_shortcut_applies():
+    from minidist.comm import fast_paths
+
+    class Two:
+        size = 2
+
+    small, staged = np.zeros(100), np.zeros(1024)  # 800 bytes; 8 KB, the plain path's staging size
+    assert fast_paths.exchange_applies(Two(), small, "recursive_doubling", False, False)
+    assert not fast_paths.exchange_applies(Two(), staged, "recursive_doubling", False, False)
+    assert not fast_paths.exchange_applies(Two(), small, "ring", False, False)
+    assert not fast_paths.exchange_applies(Two(), small, "recursive_doubling", True, False)  # async
+    assert not fast_paths.exchange_applies(Two(), small, "recursive_doubling", False, True)  # a trace records
+    fast_paths.use_fast_paths(False)
+    try:
+        assert not fast_paths.exchange_applies(Two(), small, "recursive_doubling", False, False)
+    finally:
+        fast_paths.use_fast_paths(True)
