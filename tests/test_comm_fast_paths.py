@@ -1,7 +1,6 @@
 """The collectives' hot-path shortcuts (minidist/comm/fast_paths.py, chapter 7) give the plain
 path's bits and counters, under real mpiexec; off by one switch."""
 import numpy as np
-import pytest
 
 from minidist.comm.launch import run
 
