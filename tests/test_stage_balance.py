@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import check_against_serial, serial_run
+from test_demo import demo
 from minidist.comm.launch import run
 from minidist.core.data import make_task
 from minidist.core.model import GPTConfig
@@ -111,17 +112,6 @@ def test_an_uneven_cut_still_equals_serial(n, cut):
     assert len(report["stage_seconds"]) == n
     for key in ("bubble_measured", "bubble_replayed", "bubble_modelled", "bubble_simulated"):
         assert 0 <= report[key] < 1, key
-
-
-def demo(*flags, nprocs=None):
-    import subprocess
-    import sys
-
-    from minidist.comm.launch import find_mpiexec
-    command = [sys.executable, "-m", "minidist.demo", *flags]
-    if nprocs:
-        command = [find_mpiexec(), "-n", str(nprocs), *command]
-    return subprocess.run(command, capture_output=True, text=True, timeout=180)
 
 
 @pytest.mark.parametrize("flags, ranks", [(["--pp", "2"], 2),

@@ -323,17 +323,17 @@ class PipelineTrainer(Trainer):
         against (p - 1) / (v m + p - 1), and each rank's peak activations. No messages.
         (Interleaved, "microbatches" in peak_activations counts (micro-batch, chunk) pairs, each
         about 1/v of a whole stage's activations.)"""
-        measured = self.bubbles[1:] or self.bubbles
-        simulated = self.simulated[1:] or self.simulated
-        replayed = self.replayed[1:] or self.replayed
-        modelled = self.modelled[1:] or self.modelled
+        def typical(per_step):  # the median over the steps after the first (which warms up), None before any
+            values = per_step[1:] or per_step
+            return float(np.median(values)) if values else None
+
         return {"schedule": self.schedule_name, "stages": self.stages, "microbatches": self.microbatches,
                 "virtual_stages": self.virtual_stages,
-                "bubble_measured": float(np.median(measured)) if measured else None,
+                "bubble_measured": typical(self.bubbles),
                 "bubble_theory": S.bubble_theory(self.stages, self.microbatches, self.virtual_stages),
-                "bubble_simulated": float(np.median(simulated)) if simulated else None,
-                "bubble_replayed": float(np.median(replayed)) if replayed else None,
-                "bubble_modelled": float(np.median(modelled)) if modelled else None,
+                "bubble_simulated": typical(self.simulated),
+                "bubble_replayed": typical(self.replayed),
+                "bubble_modelled": typical(self.modelled),
                 "stage_blocks": [sum(e - s for s, e in chunk_layers(self.config.n_layer, self.stages, r,
                                                                      self.virtual_stages, self.stage_blocks))
                                  for r in range(self.stages)],
