@@ -152,3 +152,38 @@ def test_the_gemm_curve_is_fitted_back_from_its_own_points():
     assert (16, 96, 32) in shapes and (64, 48, 32) in shapes  # q/k/v of one sequence; of four, split over tp 2
     measured = time_gemms(shapes[:6], seconds=0.002)
     assert all(f > 0 and s > 0 for f, s in measured)
+
+
+def test_ranks_sharing_cores_take_their_busy_time_over_the_cores():
+    """4 ranks on 2 cores: data parallelism keeps every rank busy, so its step doubles; a pipeline's
+    ranks idle in the bubble lend their cores, so a step with a big bubble stays at its critical path."""
+    w = Workload(CFG, 16, 32, "fp32", "minidist", overlap=False)
+    own, shared = Cluster(4, 4, 1e12, **LINKS), Cluster(4, 4, 1e12, **LINKS, cores=2)
+    dp_own, dp_shared = (predict(w, Layout(dp=4), c) for c in (own, shared))
+    assert dp_own["shared_cores_seconds"] is None
+    assert dp_shared["step_seconds"] == pytest.approx(2 * dp_own["step_seconds"]) == dp_shared["shared_cores_seconds"]
+    pipe = Layout(pp=4, microbatches=1, schedule="1f1b")  # three quarters of every rank's step idle
+    pp_own, pp_shared = (predict(w, pipe, c) for c in (own, shared))
+    busy = pp_own["step_seconds"] - pp_own["bubble"]
+    assert pp_shared["shared_cores_seconds"] == pytest.approx(2 * busy)
+    assert 2 * busy < pp_own["step_seconds"]
+    assert pp_shared["step_seconds"] == pp_own["step_seconds"]
+    assert predict(w, Layout(dp=4), Cluster(4, 4, 1e12, **LINKS, cores=8))["shared_cores_seconds"] is None
+
+
+def test_three_serial_steps_fix_the_fixed_costs_and_the_elementwise_bandwidth():
+    """bench plan's serial yardsticks: the batch at once, one sequence, the batch in 4 micro-batches,
+    predicted with a known overhead per layer pass, per step and bandwidth, give all three back."""
+    from minidist.bench.plan import fit_serial_costs
+
+    def serial(batch, microbatches, overhead, per_step, bandwidth):
+        cluster = Cluster(1, 1, 1e12, flops=1e12, layer_overhead=overhead, step_overhead=per_step,
+                          memory_bandwidth=bandwidth, gemm=GemmCurve(0.5, 1e6))
+        return predict(Workload(CFG, batch, 32, "fp32", "minidist"), Layout(microbatches=microbatches),
+                       cluster)["step_seconds"]
+
+    truth = (2e-4, 3e-3, 3e9)
+    measured = {"batch": serial(16, 1, *truth), "one": serial(1, 1, *truth), "accumulated": serial(16, 4, *truth)}
+    assert measured["accumulated"] > measured["batch"] > measured["one"]
+    fitted = fit_serial_costs(serial, CFG.n_layer, 16, 4, measured, 1e10)
+    assert fitted == pytest.approx(truth, rel=1e-6)

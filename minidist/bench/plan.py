@@ -1,6 +1,6 @@
 """Benchmark: the layout planner's predictions against minidist's own runs (chapter 9).
 
-    python -m minidist.bench plan [--ranks 4] [--steps 4] [--batch-size 16] [--n-layer 4 --n-embd 128
+    python -m minidist.bench plan [--ranks 4] [--steps 6] [--batch-size 16] [--n-layer 4 --n-embd 128
                                   --n-head 4 --block-size 64] [--timeout 60] [--json PATH]
 
 Not under mpirun: the benchmark starts the jobs itself. For every valid layout of the demo GPT
@@ -18,16 +18,17 @@ sends per step (the demo's `traffic_by_group`) against the planner's. A layout t
 is listed with the demo's one-line reason. Last, Spearman's rank correlation between the planner's ranking and
 the measured step times.
 
-The prediction is calibrated by yardsticks measured in the same run: two serial steps (one
-process; the global batch, and one sequence) give the FLOP/s of a device and the fixed cost of a
-layer pass that no split shrinks (Python's per-operation cost), each rescaled by the share of a
-core a rank gets when there are more ranks than cores, as on a 2-core machine; minidist's
-all-reduce timed on `--ranks` ranks gives alpha and beta (`comm.cost.fit_alpha_beta` on the
-ring's 2(n-1)(alpha + S/n beta)). The model assumes no overlap here: minidist's collectives run
-on the training thread. Each run's time is its fastest step after the first (the machine may be
-shared: the fastest step is the least disturbed). With more ranks than cores the ranks are not
-independent devices — a rank idling in the bubble lends its core to another — so the ranking is
-fairest with --ranks at most the number of cores.
+The prediction is calibrated by yardsticks measured in the same run: NumPy matmuls of the model's
+shapes give the GEMM curve; three serial steps (one process; the global batch, one sequence, the
+batch in 4 micro-batches) give the fixed costs of a layer pass and of a step that no split
+shrinks (Python's) and the bandwidth minidist's element-wise work reaches; minidist's all-reduce timed on `--ranks` ranks
+gives alpha and beta (`comm.cost.fit_alpha_beta` on the ring's 2(n-1)(alpha + S/n beta)). The
+model assumes no overlap here: minidist's collectives run on the training thread. With more
+ranks than cores (4 ranks on a 2-core machine) the ranks are not independent devices: a step
+takes at least every rank's busy time spread over the cores, and a rank idle in a pipeline's
+bubble lends its core to another (`Cluster.cores`, `predict.shared_cores_seconds`). Each run's
+time is its fastest step after the first (the machine may be shared: the fastest step is the
+least disturbed).
 
     python -m minidist.bench plan --match "tp2"     # only the layouts whose name contains "tp2"
 """
@@ -154,6 +155,32 @@ def time_pipeline_message(nbytes: int, reps: int = 20, busy: float = 0.005) -> l
     return delays
 
 
+def time_steps_side_by_side(config: GPTConfig, batch: int, steps: int = 30) -> float:
+    """Rank program: the median seconds of a serial training step of `batch` sequences, every rank
+    stepping its own model at once with no communication: what sharing the cores costs."""
+    from minidist.bench.step import minidist_step
+    from minidist.comm import get_world
+    step = minidist_step(config, batch, "float32")[0]
+    step()  # warm-up
+    get_world().comm.Barrier()  # start together, so that the steps overlap
+    seconds = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        seconds.append(time.perf_counter() - start)
+    return float(np.median(seconds))
+
+
+def effective_cores(config: GPTConfig, batch: int, ranks: int, timeout: float) -> float:
+    """How many cores `ranks` ranks get when they share fewer: ranks x (a step alone) / (the same step
+    with every rank stepping at once). Two ranks on one core would give 1 if switching between
+    them were free; the caches they share and the switches make it less."""
+    share = max(1, batch // ranks)
+    alone = run(time_steps_side_by_side, 1, config, share, timeout=timeout)[0]
+    together = float(np.median(run(time_steps_side_by_side, ranks, config, share, timeout=timeout)))
+    return ranks * alone / together
+
+
 def fastest_step(report: dict) -> float:
     """The fastest step after the first: the least disturbed by whatever else runs on the machine."""
     return float(min(report["step_seconds"][1:] or report["step_seconds"]))
@@ -204,52 +231,93 @@ def calibrate(config: GPTConfig, args) -> tuple[Cluster, dict]:
 
     This CPU as a device (`hardware.measure_this_machine`: its best matmul FLOP/s and its memory
     bandwidth); the GEMM curve fitted to NumPy matmuls of the shapes the model runs (`fit_gemm_curve`);
-    then one serial step of one sequence against the model's prediction gives the fixed cost of a
-    layer pass that no split shrinks (Python's per-operation cost, `Cluster.layer_overhead`).
-    With more ranks than cores each rank gets cores / ranks of one: its FLOP/s and bandwidth
-    shrink, its fixed costs grow by that factor. minidist's all-reduce timed on `--ranks` ranks
-    gives alpha and beta."""
+    then three serial steps fix the three costs a matmul timing cannot see (`fit_serial_costs`): the
+    fixed cost of a layer pass that no split shrinks (Python's per-operation cost,
+    `Cluster.layer_overhead`), the fixed cost of a step (`Cluster.step_overhead`) and the bandwidth
+    minidist's element-wise work reaches. With more
+    ranks than cores the cluster says how many cores they share (`Cluster.cores`: a step takes at
+    least the ranks' busy time over the cores). minidist's all-reduce timed on `--ranks` ranks gives
+    alpha and beta; a pipeline message's delay is timed as the receiver notices it."""
     model_flags = ["--n-layer", str(config.n_layer), "--n-embd", str(config.n_embd), "--n-head", str(config.n_head),
-                   "--block-size", str(config.block_size), "--steps", str(max(args.steps, 5))]
+                   "--block-size", str(config.block_size), "--steps", str(max(args.steps, 10))]  # the least disturbed of nine
+    k = ACCUMULATED if args.batch_size % ACCUMULATED == 0 else 1
     serial = {}
-    for batch in (args.batch_size, 1):
-        report, why = run_demo(1, [*model_flags, "--batch-size", str(batch)], args.timeout)
+    for name, flags in (("batch", ["--batch-size", str(args.batch_size)]), ("one", ["--batch-size", "1"]),
+                        ("accumulated", ["--batch-size", str(args.batch_size), "--accumulation", str(k)])):
+        report, why = run_demo(1, [*model_flags, *flags], args.timeout)
         if report is None:
             raise RuntimeError(f"the serial yardstick failed: {why}")
-        serial[batch] = fastest_step(report)
+        serial[name] = fastest_step(report)
     device = measure_this_machine()
     peak = device.flops("fp32")
     points = time_gemms(layer_shapes(config, args.batch_size, args.ranks))
     curve = fit_gemm_curve(points, peak)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    share = min(1.0, cores / args.ranks)  # of a core, per rank
 
-    def serial_prediction(batch: int, overhead: float) -> float:
-        one = Cluster(1, 1, float("inf"), 1e30, 0.0, 1e30, 0.0, peak, overhead,
-                      memory_bandwidth=device.memory_bandwidth, gemm=curve)
-        return predict(Workload(config, batch, config.block_size, "fp32", "minidist", overlap=False), Layout(),
-                       one)["step_seconds"]
+    def serial_prediction(batch: int, microbatches: int, overhead: float, per_step: float, bandwidth: float) -> float:
+        one = Cluster(1, 1, float("inf"), 1e30, 0.0, 1e30, 0.0, peak, overhead, memory_bandwidth=bandwidth, gemm=curve,
+                      step_overhead=per_step)
+        return predict(Workload(config, batch, config.block_size, "fp32", "minidist", overlap=False),
+                       Layout(microbatches=microbatches), one)["step_seconds"]
 
-    overhead = max(0.0, serial[1] - serial_prediction(1, 0.0)) / config.n_layer
+    overhead, per_step, bandwidth = fit_serial_costs(serial_prediction, config.n_layer, args.batch_size, k, serial,
+                                                     device.memory_bandwidth)
     sizes = [1 << 12, 1 << 15, 1 << 18, 1 << 20, 1 << 22]
     seconds = run(time_all_reduce, args.ranks, sizes, timeout=args.timeout)[0]
     n = args.ranks
     alpha, beta = cost.fit_alpha_beta([s / n for s in sizes], [t / (2 * (n - 1)) for t in seconds])
-    bandwidth = 1 / max(beta, 1e-15)
+    link = 1 / max(beta, 1e-15)
     activation = args.batch_size * config.block_size * config.n_embd * 4  # the largest a pipeline sends
     p2p = float(np.median(run(time_pipeline_message, n, activation, timeout=args.timeout)[0]))
-    cluster = Cluster(n, n, float("inf"), bandwidth, alpha, bandwidth, alpha, peak * share, overhead / share,
-                      memory_bandwidth=device.memory_bandwidth * share, gemm=curve, p2p_latency=p2p)
-    facts = {"serial_step_seconds": serial[args.batch_size], "serial_one_sequence_seconds": serial[1],
-             "serial_step_predicted": serial_prediction(args.batch_size, overhead),
-             "device_flops": peak * curve.peak_fraction * share, "peak_flops": peak * share,
+    shared = min(cores, effective_cores(config, args.batch_size, n, args.timeout)) if cores < n else None
+    cluster = Cluster(n, n, float("inf"), link, alpha, link, alpha, peak, overhead, memory_bandwidth=bandwidth,
+                      step_overhead=per_step, gemm=curve, p2p_latency=p2p, cores=shared)
+    facts = {"serial_step_seconds": serial["batch"], "serial_one_sequence_seconds": serial["one"],
+             "serial_accumulated_seconds": serial["accumulated"], "serial_accumulated_microbatches": k,
+             "serial_step_predicted": serial_prediction(args.batch_size, 1, overhead, per_step, bandwidth),
+             "device_flops": peak * curve.peak_fraction, "peak_flops": peak,
              "gemm_peak_fraction": curve.peak_fraction, "gemm_half_flops": curve.half_flops,
              "gemm_points": [{"flops": f, "seconds": s} for f, s in points],
-             "memory_bandwidth": device.memory_bandwidth * share,
-             "layer_overhead": overhead / share, "cores": cores, "alpha": alpha, "beta": beta,
+             "memory_bandwidth": bandwidth, "memory_bandwidth_measured": device.memory_bandwidth,
+             "layer_overhead": overhead, "step_overhead": per_step, "cores": cores, "ranks": n, "effective_cores": shared, "alpha": alpha, "beta": beta,
              "pipeline_message_seconds": p2p,
              "all_reduce_seconds": {str(k): v for k, v in zip(sizes, seconds)}}
     return cluster, facts
+
+
+ACCUMULATED = 4  # micro-batches of the third serial yardstick
+
+
+def fit_serial_costs(predict_serial, n_layer: int, batch: int, k: int, measured: dict,
+                     bandwidth: float) -> tuple[float, float, float]:
+    """(layer overhead, step overhead, element-wise bandwidth) that make the serial predictions
+    equal to three measured steps: `measured["batch"]` (the batch at once), `measured["one"]` (one
+    sequence) and `measured["accumulated"]` (the batch in k micro-batches).
+
+    The batch and one sequence pay the same fixed costs, so their difference is work alone: it
+    fixes the bandwidth of element-wise work (bisected between 1/20 and 20 times the streamed
+    `bandwidth`: small arrays stay in cache). The k micro-batches pay k - 1 more layer passes per
+    layer, which fixes the overhead of a pass; what the batch's step has beyond its work and its
+    passes is the step's own overhead (the optimizer's Python, per parameter tensor)."""
+    def work(b: int, m: int, bw: float) -> float:
+        return predict_serial(b, m, 0.0, 0.0, bw)
+
+    low, high = bandwidth / 20, bandwidth * 20
+    for _ in range(40):
+        middle = (low * high) ** 0.5
+        if work(batch, 1, middle) - work(1, 1, middle) > measured["batch"] - measured["one"]:
+            low = middle   # too slow: more bandwidth
+        else:
+            high = middle
+    bw = (low * high) ** 0.5
+    if k > 1:
+        extra_passes = (k - 1) * n_layer
+        overhead = (measured["accumulated"] - measured["batch"] - (work(batch, k, bw) - work(batch, 1, bw))) / extra_passes
+    else:
+        overhead = (measured["one"] - work(1, 1, bw)) / n_layer
+    overhead = max(0.0, overhead)
+    per_step = max(0.0, measured["batch"] - predict_serial(batch, 1, overhead, 0.0, bw))
+    return overhead, per_step, bw
 
 
 def compare(row: dict, report: dict, workload: Workload) -> dict:
@@ -298,7 +366,7 @@ def main(argv=None) -> int:
     positive = cli.integer(1)
     parser = cli.OneLineParser(prog="python -m minidist.bench plan", description=__doc__.split("\n")[0])
     parser.add_argument("--ranks", type=cli.integer(2), default=4)
-    parser.add_argument("--steps", type=cli.integer(2), default=4,
+    parser.add_argument("--steps", type=cli.integer(2), default=6,
                         help="steps per layout; the fastest after the first is kept")
     parser.add_argument("--batch-size", type=positive, default=16)
     parser.add_argument("--n-layer", type=positive, default=4)
@@ -330,11 +398,14 @@ def main(argv=None) -> int:
     except RuntimeError as error:
         parser.error(str(error))
     workload = Workload(config, args.batch_size, config.block_size, "fp32", "minidist", overlap=False)
-    print(f"yardsticks: per rank ({args.ranks} ranks on {facts['cores']} cores) GEMMs at "
+    shared = (f"{args.ranks} ranks share {facts['cores']} cores, as {facts['effective_cores']:.2f}"
+              if facts["effective_cores"] else "a core per rank")
+    print(f"yardsticks: per core ({shared}) GEMMs at "
           f"{facts['gemm_peak_fraction']:.2f} x {facts['peak_flops'] / 1e9:.1f} GFLOP/s, half of that at "
           f"{facts['gemm_half_flops'] / 1e6:.2f} MFLOP (fitted to {len(facts['gemm_points'])} NumPy matmuls of the "
-          f"model's shapes), memory {facts['memory_bandwidth'] / 1e9:.1f} GB/s, {facts['layer_overhead'] * 1e3:.2f} ms "
-          f"per layer pass; serial step {facts['serial_step_seconds'] * 1e3:.1f} ms measured, "
+          f"model's shapes), element-wise work at {facts['memory_bandwidth'] / 1e9:.1f} GB/s (streamed: "
+          f"{facts['memory_bandwidth_measured'] / 1e9:.1f}), {facts['layer_overhead'] * 1e3:.2f} ms "
+          f"per layer pass and {facts['step_overhead'] * 1e3:.1f} ms per step; serial step {facts['serial_step_seconds'] * 1e3:.1f} ms measured, "
           f"{facts['serial_step_predicted'] * 1e3:.1f} ms predicted; all-reduce alpha {facts['alpha'] * 1e6:.1f} us, "
           f"beta {facts['beta'] * 1e9:.3f} ns/byte; a pipeline message noticed {facts['pipeline_message_seconds'] * 1e3:.2f} "
           "ms after its send")
@@ -349,7 +420,10 @@ def main(argv=None) -> int:
                    "--block-size", str(args.block_size), "--batch-size", str(args.batch_size),
                    "--steps", str(args.steps)]
     records, skipped = [], []
-    for row in (r for r in rows if args.match in r["name"]):
+    chosen = [r for r in rows if args.match in r["name"]]
+    # in a shuffled order: a machine that slows or speeds up during the run then adds noise to the
+    # measurements, not a trend along the predicted order (the rows come sorted by prediction)
+    for row in np.random.default_rng(0).permutation(np.array(chosen, dtype=object)):
         report, why = run_demo(args.ranks, [*demo_flags(row["layout"]), *model_flags], args.timeout)
         if report is None:
             skipped.append({"layout": row["name"], "flags": demo_flags(row["layout"]), "why": why})
@@ -357,6 +431,7 @@ def main(argv=None) -> int:
             continue
         records.append(compare(row, report, workload))
         print(f"  {row['name']}: {records[-1]['measured_step_seconds'] * 1e3:.1f} ms", file=sys.stderr, flush=True)
+    records.sort(key=lambda r: r["predicted_step_seconds"])
     print_records(records, skipped)
     rho = spearman([r["predicted_step_seconds"] for r in records], [r["measured_step_seconds"] for r in records]) \
         if len(records) >= 2 else float("nan")

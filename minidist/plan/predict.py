@@ -56,8 +56,10 @@ def predict(w: Workload, layout: Layout, cluster: Cluster, simulate: bool = True
     first = costs[0][0]  # the first stage finishes its backward last
     dp_time, dp_sent = data_parallel_seconds(w, layout, cluster, params, first.backward,
                                              (first.forward / layers, first.backward / layers))
-    optimizer = optimizer_seconds(params, layout.zero, d, cluster)
+    optimizer = optimizer_seconds(params, layout.zero, d, cluster) + cluster.step_overhead
     step = pipeline + embedding_time + dp_time + optimizer
+    shared = shared_cores_seconds(step, bubble, cluster)
+    step = max(step, shared or 0.0)
 
     stage, ledger = heaviest_stage(w, layout)
     tokens = w.global_batch * w.seq
@@ -75,4 +77,14 @@ def predict(w: Workload, layout: Layout, cluster: Cluster, simulate: bool = True
             "bytes_sent": {"tp": tp_calls(w, layout) * 2 * (t - 1) / t * tp_bytes, "pp": pp_messages(p, m, v) * pp_bytes,
                            "embedding": embedding, "dp": dp_sent},
             "memory": ledger, "memory_stage": stage, "fits": ledger["peak"] <= cluster.memory,
-            "simulated": simulate or p == 1}
+            "simulated": simulate or p == 1, "shared_cores_seconds": shared}
+
+
+def shared_cores_seconds(step: float, bubble: float, cluster: Cluster) -> float | None:
+    """With more ranks than CPU cores (4 ranks on a 2-core laptop), the least a step can take: every
+    rank's busy time, spread over the cores. A rank idle in the bubble sleeps in minidist's polite
+    wait and lends its core, so a pipeline's idle time is not counted; the step is then the larger
+    of this and the critical path at a core per rank. None when every rank has a core."""
+    if not cluster.cores or cluster.cores >= cluster.gpus:
+        return None
+    return (step - bubble) * cluster.gpus / cluster.cores

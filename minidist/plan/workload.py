@@ -48,11 +48,15 @@ class Cluster:
     layer_overhead: float = 0.0     # s per layer and micro-batch (forward + backward) that no split shrinks:
                                     # Python's per-operation cost in minidist, kernel launches on a GPU
     memory_bandwidth: float = 2.0e12  # bytes/s of device memory: element-wise work and the optimizer
+    step_overhead: float = 0.0      # s per step that no split shrinks: the optimizer's and the step's own
+                                    # bookkeeping, per parameter tensor (Python's cost in minidist)
     gemm: GemmCurve = GemmCurve()
     overlap_cost: float = 0.3       # of each second a collective hides behind compute, what the compute
                                     # loses (its kernels take SMs and memory bandwidth); fitted, chapter 9
     p2p_latency: float | None = None  # s from a pipeline send to its receiver noticing it (None: the link's
                                       # latency); minidist's polite wait notices up to one back-off late
+    cores: float | None = None  # CPU cores the ranks share (None: a device each); with fewer cores than
+                                # ranks a step takes at least the ranks' busy time spread over the cores
 
     @classmethod
     def of(cls, device, gpus: int, precision: str = "mixed", **changes) -> "Cluster":
