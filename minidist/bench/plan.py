@@ -160,15 +160,10 @@ def time_steps_side_by_side(config: GPTConfig, batch: int, steps: int = 30) -> f
     stepping its own model at once with no communication: what sharing the cores costs."""
     from minidist.bench.step import minidist_step
     from minidist.comm import get_world
+    from minidist.parallel.stage_balance import median_seconds
     step = minidist_step(config, batch, "float32")[0]
-    step()  # warm-up
     get_world().comm.Barrier()  # start together, so that the steps overlap
-    seconds = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        step()
-        seconds.append(time.perf_counter() - start)
-    return float(np.median(seconds))
+    return median_seconds(step, steps)
 
 
 def effective_cores(config: GPTConfig, batch: int, ranks: int, timeout: float) -> float:

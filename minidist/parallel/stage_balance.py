@@ -71,7 +71,7 @@ def cut_by_cost(costs: list[float], stages: int) -> list[int]:
     return blocks
 
 
-def _timed(run, repeats: int) -> float:
+def median_seconds(run, repeats: int) -> float:
     """Median seconds of `run()` over `repeats` calls, after one warm-up."""
     run()
     seconds = []
@@ -105,7 +105,7 @@ def piece_costs(config: GPTConfig, rows: int, repeats: int = 3, seed: int = 0) -
         _, loss = probe.head(Tensor(hidden, requires_grad=True), tokens)
         loss.backward()
 
-    one = [_timed(piece, repeats) for piece in (embedding, block, head)]
+    one = [median_seconds(piece, repeats) for piece in (embedding, block, head)]
     return [one[0], *[one[1]] * config.n_layer, one[2]]
 
 
