@@ -136,7 +136,7 @@ def test_the_speed_a_user_can_check():
     r = predict(w, Layout(dp=4, microbatches=2), cluster)
     assert r["tflops_per_device"] * 1e12 == pytest.approx(flops_per_step(w) / (4 * r["step_seconds"]))
     assert r["mfu"] == pytest.approx(flops_per_step(w, recompute=False) / (4 * r["step_seconds"] * 312e12))
-    parts = sum(r[k] for k in ("compute", "tp", "pp", "bubble", "dp", "optimizer"))
+    parts = sum(r[k] for k in ("compute", "tp", "pp", "bubble", "dp", "optimizer", "gradients"))
     assert r["step_seconds"] == pytest.approx(parts) and math.isfinite(r["step_seconds"])
 
 
@@ -187,3 +187,23 @@ def test_three_serial_steps_fix_the_fixed_costs_and_the_elementwise_bandwidth():
     assert measured["accumulated"] > measured["batch"] > measured["one"]
     fitted = fit_serial_costs(serial, CFG.n_layer, 16, 4, measured, 1e10)
     assert fitted == pytest.approx(truth, rel=1e-6)
+
+
+def test_the_gradients_own_memory_passes():
+    """Counted when asked (minidist's engine): accumulating m micro-batches adds m - 1 times (3
+    passes each); ZeRO-2 copies each micro-batch into a bucket and adds its chunk; ZeRO-3 also
+    writes each gathered layer. Not counted by default (fused GPU kernels)."""
+    from minidist.plan.step_time import gradient_passes_seconds
+    w = Workload(CFG, 16, 32, "fp32", "minidist", gradient_passes=True)
+    cluster = Cluster(4, 4, 1e12, **LINKS)
+    g = 1e6 * 4 / cluster.memory_bandwidth  # one pass over a million float32 gradients
+    assert gradient_passes_seconds(w, Layout(dp=4, microbatches=1), cluster, 1e6) == 0.0
+    assert gradient_passes_seconds(w, Layout(dp=4, microbatches=4), cluster, 1e6) == pytest.approx(9 * g)
+    assert gradient_passes_seconds(w, Layout(dp=4, zero=2, microbatches=4), cluster, 1e6) == pytest.approx(
+        4 * (2 + 3 / 4) * g)
+    assert gradient_passes_seconds(w, Layout(dp=4, zero=3, microbatches=4), cluster, 1e6) == pytest.approx(
+        4 * (2 + 3 / 4 + 2) * g)
+    plain = Workload(CFG, 16, 32, "fp32", "minidist")
+    assert gradient_passes_seconds(plain, Layout(dp=4, microbatches=4), cluster, 1e6) == 0.0
+    with_passes, without = (predict(x, Layout(dp=4, microbatches=4), cluster) for x in (w, plain))
+    assert with_passes["step_seconds"] == pytest.approx(without["step_seconds"] + with_passes["gradients"])

@@ -78,6 +78,12 @@ def spearman(x, y) -> float:
     return float(a @ b / denominator) if denominator else float("nan")
 
 
+def demo_workload(config: GPTConfig, batch: int) -> Workload:
+    """The demo's run as the planner sees it: float32, minidist's activations, no overlap (the
+    collectives run on the training thread), and the gradients' own memory passes counted."""
+    return Workload(config, batch, config.block_size, "fp32", "minidist", overlap=False, gradient_passes=True)
+
+
 def demo_flags(layout: dict) -> list[str]:
     """The demo's flags for one planner layout (`Layout.demo_flags`: degrees of 1 left out)."""
     return Layout(**layout).demo_flags()
@@ -252,7 +258,7 @@ def calibrate(config: GPTConfig, args) -> tuple[Cluster, dict]:
     def serial_prediction(batch: int, microbatches: int, overhead: float, per_step: float, bandwidth: float) -> float:
         one = Cluster(1, 1, float("inf"), 1e30, 0.0, 1e30, 0.0, peak, overhead, memory_bandwidth=bandwidth, gemm=curve,
                       step_overhead=per_step)
-        return predict(Workload(config, batch, config.block_size, "fp32", "minidist", overlap=False),
+        return predict(demo_workload(config, batch),
                        Layout(microbatches=microbatches), one)["step_seconds"]
 
     overhead, per_step, bandwidth = fit_serial_costs(serial_prediction, config.n_layer, args.batch_size, k, serial,
@@ -335,7 +341,7 @@ def compare(row: dict, report: dict, workload: Workload) -> dict:
     pipeline = report.get("pipeline") or {}
     return {"layout": row["name"], "flags": demo_flags(row["layout"]), "predicted_step_seconds": row["step_seconds"],
             "measured_step_seconds": measured,
-            "predicted": {k: row[k] for k in ("compute", "bubble", "tp", "pp", "dp")},
+            "predicted": {k: row[k] for k in ("compute", "bubble", "tp", "pp", "dp", "gradients")},
             "bubble": {"predicted": row["bubble_fraction"], "measured": pipeline.get("bubble_measured"),
                        "theory": pipeline.get("bubble_theory")} if layout.pp > 1 else None,
             "memory": ranks, "traffic": traffic}
@@ -392,7 +398,7 @@ def main(argv=None) -> int:
         cluster, facts = calibrate(config, args)
     except RuntimeError as error:
         parser.error(str(error))
-    workload = Workload(config, args.batch_size, config.block_size, "fp32", "minidist", overlap=False)
+    workload = demo_workload(config, args.batch_size)
     shared = (f"{args.ranks} ranks share {facts['cores']} cores, as {facts['effective_cores']:.2f}"
               if facts["effective_cores"] else "a core per rank")
     print(f"yardsticks: per core ({shared}) GEMMs at "

@@ -222,6 +222,26 @@ def optimizer_seconds(parameters: float, zero: int, dp: int, cluster) -> float:
     return 32 * parameters / (dp if zero else 1) / cluster.memory_bandwidth
 
 
+def gradient_passes_seconds(w, layout: Layout, cluster, params: float) -> float:
+    """The memory passes over this rank's gradients that no link sees, at memory bandwidth (only with
+    `w.gradient_passes`): each micro-batch after the first adds its gradients to the sum (read
+    both, write one: 3 passes); ZeRO-2 and 3 instead copy every micro-batch's gradients into a flat
+    bucket (2 passes) and add the reduced chunk to the rank's own (3 passes of 1/d), and ZeRO-3
+    writes each gathered layer's weights (a pass per gather)."""
+    if not w.gradient_passes:
+        return 0.0
+    d, z, m = layout.dp, layout.zero, layout.microbatches
+    p_bytes, g_bytes, _ = STATE_BYTES[w.precision]
+    grads = params * g_bytes
+    if z >= 2 and d > 1:
+        moved = m * (2 * grads + 3 * grads / d)
+        if z == 3:
+            moved += m * (3 if w.recompute else 2) * params * p_bytes
+    else:
+        moved = (m - 1) * 3 * grads
+    return moved / cluster.memory_bandwidth
+
+
 def data_parallel_seconds(w, layout: Layout, cluster: Cluster, params: float, last_backward: float,
                           layer_compute: tuple[float, float], bucket_bytes: float = 25e6) -> tuple[float, float]:
     """(exposed seconds, bytes sent per rank) of the data-parallel traffic (module docstring).

@@ -86,6 +86,8 @@ class Workload:
     overlap: bool = True           # data-parallel communication hides behind backward where it can
     pad_vocab: bool = False        # Megatron-LM pads V to a multiple of 128·t
     flash_attention: bool = False  # attention without storing its s x s scores (Dao et al. 2022; after 2022)
+    gradient_passes: bool = False  # count the gradients' own memory passes (adding micro-batches, ZeRO-2/3's
+                                   # buckets), as minidist's engine makes them; fused GPU kernels mostly do not
 
 
 @functools.lru_cache(maxsize=4096)
