@@ -151,3 +151,25 @@ def test_device_table():
     assert len(lines) == 2 + len(PRESETS) and all(name in table for name in PRESETS)
     assert len({len(line) for line in lines[:-1]}) == 1  # aligned columns
     assert "989.5" in table and "6.25" in table
+
+
+def test_this_machine_carries_its_gemm_curve():
+    """this-machine's GEMM curve is fitted to its matmuls (small GEMMs cost what a CPU makes them
+    cost, not a GPU's 4 GFLOP half-way point), and a cluster of it uses that curve."""
+    from minidist.plan.workload import Cluster, GemmCurve
+    d = measure_this_machine(seconds=0.05)
+    e, half = d.gemm_curve
+    assert 0 < e <= 1 and 0 <= half < 1e9
+    assert Cluster.of(d, 4, "fp32").gemm == GemmCurve(e, half)
+    assert Cluster.of(PRESETS["a100-80gb"], 4).gemm == GemmCurve()  # presets: the planner's default
+
+
+def test_the_gemm_line_is_fitted_back():
+    from minidist.plan.hardware import fit_gemm_line
+    points = [(w, (w + 2e5) / (0.8 * 1e11)) for w in (1e4, 1e5, 1e6, 1e7)]
+    assert fit_gemm_line(points, 1e11) == pytest.approx((0.8, 2e5))
+
+
+@pytest.mark.parametrize("curve", [[0, 1e5], [1.5, 1e5], [0.5], "fast", [2.0, 0]])
+def test_bad_gemm_curve(tmp_path, curve):
+    _one_line_error(_write(tmp_path, {**to_json(A100), "gemm_curve": curve}), "bad.json", "gemm_curve")

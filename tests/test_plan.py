@@ -231,8 +231,22 @@ def test_cli_table_and_json(tmp_path, capsys):
     assert best["rank"] == 1 and best["fits"] and set(best["memory"]) >= {"params", "grads", "optimizer", "activations"}
 
 
+def test_cli_ranks_sharing_cores(tmp_path, capsys):
+    """--cores: 4 ranks on 2 cores; data parallelism takes twice its time, a pipeline with its ranks
+    idle in the bubble keeps its critical path, and --explain shows the bound."""
+    apart, shared = tmp_path / "apart.json", tmp_path / "shared.json"
+    assert main(["--gpus", "4", "--json", str(apart)]) == 0
+    assert main(["--gpus", "4", "--cores", "2", "--explain", "pp4", "--json", str(shared)]) == 0
+    out = capsys.readouterr().out
+    assert "sharing 2 cores" in out and "shared cores" in out
+    rows = [{r["name"]: r for r in json.loads(p.read_text())["layouts"]} for p in (apart, shared)]
+    assert rows[1]["dp4"]["step_seconds"] == pytest.approx(2 * rows[0]["dp4"]["step_seconds"])
+    assert rows[1]["pp4"]["step_seconds"] == rows[0]["pp4"]["step_seconds"]  # its critical path: 3/4 idle
+
+
 @pytest.mark.parametrize("argv,words", [
     (["--gpus", "4", "--n-embd", "130"], "--n-embd 130 is not divisible by --n-head 4"),
+    (["--gpus", "4", "--cores", "0"], "argument --cores"),
     (["--gpus", "7"], "no valid layout of 7 devices"),
     (["--gpus", "0"], "argument --gpus"),
     (["--gpus", "4", "--zero", "4"], "argument --zero"),

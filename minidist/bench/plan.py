@@ -51,7 +51,7 @@ from minidist.core.data import make_task
 from minidist.core.model import GPTConfig
 from minidist.plan.search import candidate_layouts, plan
 from minidist.training.layout import Layout
-from minidist.plan.hardware import measure_this_machine
+from minidist.plan.hardware import fit_gemm_line, measure_this_machine
 from minidist.plan.predict import Cluster, GemmCurve, Workload, predict, rank_ledger
 from minidist.plan.step_time import layer_gemms
 from minidist.parallel.mesh import coordinates
@@ -207,14 +207,8 @@ def time_gemms(shapes, dtype=np.float32, seconds: float = 0.02) -> list[tuple[fl
 
 
 def fit_gemm_curve(points, peak: float) -> GemmCurve:
-    """The GEMM curve t = (W + W½)/(e·peak) through measured (W, t): a straight line in W, its
-    slope 1/(e·peak) and its intercept W½/(e·peak) (least squares, weighted to relative error)."""
-    w = np.array([p[0] for p in points])
-    t = np.array([p[1] for p in points])
-    weights = 1 / t
-    slope, intercept = np.polyfit(w, t, 1, w=weights)
-    slope = max(slope, 1e-30)
-    return GemmCurve(peak_fraction=float(min(1.0, 1 / (slope * peak))), half_flops=float(max(0.0, intercept / slope)))
+    """The GEMM curve t = (W + W½)/(e·peak) through measured (W, t) (`hardware.fit_gemm_line`)."""
+    return GemmCurve(*fit_gemm_line(points, peak))
 
 
 def layer_shapes(config: GPTConfig, batch: int, ranks: int) -> list[tuple[int, int, int]]:

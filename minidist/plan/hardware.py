@@ -36,6 +36,8 @@ class Device:
     inter_latency: float      # s
     gpus_per_node: int
     source: str = ""          # where the numbers come from
+    gemm_curve: tuple | None = None  # (e, W½) of the GEMM curve where measured (this-machine); None: the
+                                     # planner's default for large accelerators (workload.GemmCurve)
 
     def __post_init__(self):
         try:
@@ -54,6 +56,12 @@ class Device:
             bad.append("gpus_per_node (a positive integer)")
         if bad:
             problems.append(f"not a positive number: {', '.join(bad)}")
+        if self.gemm_curve is not None:
+            curve = tuple(self.gemm_curve) if isinstance(self.gemm_curve, (list, tuple)) else ()
+            if len(curve) != 2 or not (_positive(curve[0]) and curve[0] <= 1 and (_positive(curve[1]) or curve[1] == 0)):
+                problems.append("gemm_curve must be [e, W½]: a fraction of the peak in (0, 1] and FLOPs >= 0")
+            else:
+                object.__setattr__(self, "gemm_curve", (float(curve[0]), float(curve[1])))
         if not (isinstance(self.name, str) and self.name and isinstance(self.source, str)):
             problems.append("name and source must be strings, name not empty")
         if problems:
@@ -129,7 +137,7 @@ def load_device(spec: str) -> Device:
     if not isinstance(data, dict):
         raise ValueError(f"device file {spec}: expected a JSON object with the fields {', '.join(FIELDS)}")
     unknown = sorted(set(data) - set(FIELDS))
-    missing = [f for f in FIELDS if f not in data and f != "source"]
+    missing = [f for f in FIELDS if f not in data and f not in ("source", "gemm_curve")]
     if unknown:
         raise ValueError(f"device file {spec}: unknown fields {', '.join(unknown)} (expected {', '.join(FIELDS)})")
     if missing:
@@ -148,6 +156,7 @@ def measure_this_machine(seconds: float = 1.0) -> Device:
     with threadpool_limits(limits=1):  # one BLAS thread: a rank's share when ranks fill the cores
         fp64 = _matmul_rate(np.float64, 0.4 * seconds)
         fp32 = _matmul_rate(np.float32, 0.4 * seconds)
+        curve = fit_gemm_line([_matmul_point(n, np.float32, 0.05 * seconds) for n in (16, 32, 64, 128, 256)], fp32)
     stream = _copy_rate(0.2 * seconds)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return Device(
@@ -161,7 +170,27 @@ def measure_this_machine(seconds: float = 1.0) -> Device:
         intra_bandwidth=stream / 2, intra_latency=1e-6,
         inter_bandwidth=stream / 2, inter_latency=1e-6,  # one node: no slower link to cross
         gpus_per_node=cores,
-        source=f"measured on this machine (numpy {np.__version__})")
+        source=f"measured on this machine (numpy {np.__version__})", gemm_curve=curve)
+
+
+def fit_gemm_line(points, peak: float) -> tuple[float, float]:
+    """(e, W½) of the GEMM curve t = (W + W½)/(e·peak) through measured (W FLOPs, t seconds): a
+    straight line in W, its slope 1/(e·peak) and its intercept W½/(e·peak) (least squares,
+    weighted to relative error)."""
+    w = np.array([p[0] for p in points])
+    t = np.array([p[1] for p in points])
+    slope, intercept = np.polyfit(w, t, 1, w=1 / t)
+    slope = max(slope, 1e-30)
+    return float(min(1.0, 1 / (slope * peak))), float(max(0.0, intercept / slope))
+
+
+def _matmul_point(n: int, dtype, budget: float) -> tuple[float, float]:
+    """(FLOPs, the fastest seconds) of an n x n matmul, repeated for about `budget` seconds."""
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((n, n)).astype(dtype), rng.standard_normal((n, n)).astype(dtype)
+    out = np.empty((n, n), dtype)
+    rate = _best_rate(2.0 * n**3, lambda: np.matmul(a, b, out=out), budget)
+    return 2.0 * n**3, 2.0 * n**3 / rate
 
 
 def _best_rate(work: float, run, budget: float, at_least: int = 2) -> float:

@@ -161,7 +161,7 @@ def format_table(rows: list[dict], top: int, cluster: Cluster) -> str:
     lines.append(f"(b: micro-batch; times in {name} on the busiest rank: the step = compute + bubble + the exposed "
                  f"tp, pp and dp communication + the optimizer; TFLOP/s per device as Narayanan et al. count them "
                  f"(with recomputation's forward), MFU the model's FLOPs over the peak, "
-                 f"{cluster.flops / 1e12:.0f} TFLOP/s; memory: the heaviest stage's device)")
+                 f"{cluster.flops / 1e12:.3g} TFLOP/s; memory: the heaviest stage's device)")
     misfits = [r for r in rows if not r["fits"]]
     if misfits:
         least = min(misfits, key=lambda r: r["memory"]["peak"])
@@ -197,6 +197,9 @@ def build_parser():
                                                "(default: the device's data sheet); the achieved speed is predicted")
     p.add_argument("--layer-overhead", type=cli.number(0), default=0.0,
                    help="fixed us per layer and micro-batch that no split shrinks (Python's cost, in minidist)")
+    p.add_argument("--cores", type=cli.number(0.001),
+                   help="CPU cores the ranks share, when they outnumber them (4 ranks on a 2-core laptop): a step "
+                        "takes at least the ranks' busy time over the cores (default: a device each)")
     p.add_argument("--layout", metavar="NAME", help="predict this one layout (e.g. dp4-tp8-pp12-m96) and its rank")
     p.add_argument("--explain", metavar="NAME", help="this layout's breakdown, and why it lost to the best")
     p.add_argument("--global-batch", type=positive, help="sequences per step (default: the preset's)")
@@ -235,7 +238,8 @@ def setup(args) -> tuple[Workload, Cluster]:
     changes = {field: getattr(args, flag) * scale for flag, field, scale in (
         ("gpus_per_node", "gpus_per_node", 1), ("memory", "memory", 1e9), ("intra_bw", "intra_bandwidth", 1e9),
         ("intra_latency", "intra_latency", 1e-6), ("inter_bw", "inter_bandwidth", 1e9),
-        ("inter_latency", "inter_latency", 1e-6), ("tflops", "flops", 1e12)) if getattr(args, flag) is not None}
+        ("inter_latency", "inter_latency", 1e-6), ("tflops", "flops", 1e12), ("cores", "cores", 1))
+        if getattr(args, flag) is not None}
     cluster = Cluster.of(device, args.gpus, precision, layer_overhead=args.layer_overhead * 1e-6, **changes)
     return workload, cluster
 
@@ -263,11 +267,15 @@ def explain(rows: list[dict], name: str, cluster: Cluster) -> str:
         raise ValueError(f"--explain {name}: not a valid layout of this model on {cluster.gpus} devices "
                          f"(python -m minidist.plan --layout {name} says why)")
     mine, best = by_name[name], rows[0]
-    keys = ("compute", "tp", "pp", "bubble", "dp", "optimizer", "step_seconds")
+    keys = ("compute", "tp", "pp", "bubble", "dp", "optimizer",
+            *(("gradients",) if mine["gradients"] or best["gradients"] else ()), "step_seconds")
     unit, u = _unit(best["step_seconds"])
     lines = [f"{'':<12}{name:>24}{best['name'] + ' (best)':>32}"]
     for key in keys:
         lines.append(f"{key:<12}{_time(mine[key], unit) + ' ' + u:>24}{_time(best[key], unit) + ' ' + u:>32}")
+    if mine["shared_cores_seconds"] is not None:  # the ranks share fewer cores: the step is at least this
+        shared = [_time(r["shared_cores_seconds"], unit) + " " + u for r in (mine, best)]
+        lines.append(f"{'shared cores':<12}{shared[0]:>24}{shared[1]:>32}")
     lines.append(f"{'TFLOP/s':<12}{mine['tflops_per_device']:>24.1f}{best['tflops_per_device']:>32.1f}")
     lines.append(f"{'memory':<12}{format_bytes(mine['memory']['peak']):>24}{format_bytes(best['memory']['peak']):>32}")
     if mine is best:
@@ -316,7 +324,9 @@ def main(argv=None) -> int:
     print(f"GPT {c.n_layer} x {c.n_embd} ({c.n_head} heads, vocab {c.vocab_size}, seq {workload.seq}), "
           f"global batch {workload.global_batch}, {workload.precision}, activations: {workload.activations}{how}; "
           f"{cluster.gpus} devices ({nodes} node{'s' * (nodes > 1)} of {cluster.gpus_per_node}, "
-          f"{format_bytes(cluster.memory)} each): {len(rows)} valid layout{'s' * (len(rows) != 1)}")
+          f"{format_bytes(cluster.memory)} each"
+          + (f", sharing {cluster.cores:g} cores" if cluster.cores and cluster.cores < cluster.gpus else "")
+          + f"): {len(rows)} valid layout{'s' * (len(rows) != 1)}")
     if args.layout:
         row = next(r for r in rows if r["name"] == str(Layout.parse(args.layout)))
         print(format_table([row], 1, cluster))

@@ -65,6 +65,8 @@ class Cluster:
                       intra_bandwidth=device.intra_bandwidth, intra_latency=device.intra_latency,
                       inter_bandwidth=device.inter_bandwidth, inter_latency=device.inter_latency,
                       flops=device.flops(precision), memory_bandwidth=device.memory_bandwidth)
+        if getattr(device, "gemm_curve", None):  # measured (this-machine): small GEMMs as this CPU runs them
+            fields["gemm"] = GemmCurve(*device.gemm_curve)
         return cls(gpus, **{**fields, **changes})
 
     def link(self, inside: bool) -> tuple[float, float]:
