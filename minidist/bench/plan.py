@@ -21,14 +21,14 @@ the measured step times.
 The prediction is calibrated by yardsticks measured in the same run: NumPy matmuls of the model's
 shapes give the GEMM curve; three serial steps (one process; the global batch, one sequence, the
 batch in 4 micro-batches) give the fixed costs of a layer pass and of a step that no split
-shrinks (Python's) and the bandwidth minidist's element-wise work reaches; minidist's all-reduce timed on `--ranks` ranks
-gives alpha and beta (`comm.cost.fit_alpha_beta` on the ring's 2(n-1)(alpha + S/n beta)). The
-model assumes no overlap here: minidist's collectives run on the training thread. With more
-ranks than cores (4 ranks on a 2-core machine) the ranks are not independent devices: a step
-takes at least every rank's busy time spread over the cores, and a rank idle in a pipeline's
-bubble lends its core to another (`Cluster.cores`, `predict.shared_cores_seconds`). Each run's
-time is its fastest step after the first (the machine may be shared: the fastest step is the
-least disturbed).
+shrinks (Python's) and the bandwidth minidist's element-wise work reaches; minidist's all-reduce
+timed on `--ranks` ranks gives alpha and beta (`comm.cost.fit_alpha_beta` on the ring's
+2(n-1)(alpha + S/n beta)). The model assumes no overlap here: minidist's collectives run on the
+training thread. With more ranks than cores (4 ranks on a 2-core machine) the ranks are not
+independent devices: a step takes at least every rank's busy time spread over the cores, and a rank
+idle in a pipeline's bubble lends its core to another (`Cluster.cores`,
+`predict.shared_cores_seconds`). Each run's time is its fastest step after the first (the machine
+may be shared: the fastest step is the least disturbed).
 
     python -m minidist.bench plan --match "tp2"     # only the layouts whose name contains "tp2"
 """
@@ -229,12 +229,13 @@ def calibrate(config: GPTConfig, args) -> tuple[Cluster, dict]:
     then three serial steps fix the three costs a matmul timing cannot see (`fit_serial_costs`): the
     fixed cost of a layer pass that no split shrinks (Python's per-operation cost,
     `Cluster.layer_overhead`), the fixed cost of a step (`Cluster.step_overhead`) and the bandwidth
-    minidist's element-wise work reaches. With more
-    ranks than cores the cluster says how many cores they share (`Cluster.cores`: a step takes at
-    least the ranks' busy time over the cores). minidist's all-reduce timed on `--ranks` ranks gives
-    alpha and beta; a pipeline message's delay is timed as the receiver notices it."""
+    minidist's element-wise work reaches. With more ranks than cores the cluster says how many
+    cores they effectively get (`effective_cores`, `Cluster.cores`: a step takes at least the ranks'
+    busy time over the cores). minidist's all-reduce timed on `--ranks` ranks gives alpha and beta;
+    a pipeline message's delay is timed as the receiver notices it."""
     model_flags = ["--n-layer", str(config.n_layer), "--n-embd", str(config.n_embd), "--n-head", str(config.n_head),
-                   "--block-size", str(config.block_size), "--steps", str(max(args.steps, 10))]  # the least disturbed of nine
+                   "--block-size", str(config.block_size),
+                   "--steps", str(max(args.steps, 10))]  # the least disturbed of nine
     k = ACCUMULATED if args.batch_size % ACCUMULATED == 0 else 1
     serial = {}
     for name, flags in (("batch", ["--batch-size", str(args.batch_size)]), ("one", ["--batch-size", "1"]),
@@ -252,8 +253,7 @@ def calibrate(config: GPTConfig, args) -> tuple[Cluster, dict]:
     def serial_prediction(batch: int, microbatches: int, overhead: float, per_step: float, bandwidth: float) -> float:
         one = Cluster(1, 1, float("inf"), 1e30, 0.0, 1e30, 0.0, peak, overhead, memory_bandwidth=bandwidth, gemm=curve,
                       step_overhead=per_step)
-        return predict(demo_workload(config, batch),
-                       Layout(microbatches=microbatches), one)["step_seconds"]
+        return predict(demo_workload(config, batch), Layout(microbatches=microbatches), one)["step_seconds"]
 
     overhead, per_step, bandwidth = fit_serial_costs(serial_prediction, config.n_layer, args.batch_size, k, serial,
                                                      device.memory_bandwidth)
@@ -274,7 +274,8 @@ def calibrate(config: GPTConfig, args) -> tuple[Cluster, dict]:
              "gemm_peak_fraction": curve.peak_fraction, "gemm_half_flops": curve.half_flops,
              "gemm_points": [{"flops": f, "seconds": s} for f, s in points],
              "memory_bandwidth": bandwidth, "memory_bandwidth_measured": device.memory_bandwidth,
-             "layer_overhead": overhead, "step_overhead": per_step, "cores": cores, "ranks": n, "effective_cores": shared, "alpha": alpha, "beta": beta,
+             "layer_overhead": overhead, "step_overhead": per_step, "cores": cores, "ranks": n,
+             "effective_cores": shared, "alpha": alpha, "beta": beta,
              "pipeline_message_seconds": p2p,
              "all_reduce_seconds": {str(k): v for k, v in zip(sizes, seconds)}}
     return cluster, facts
@@ -307,7 +308,8 @@ def fit_serial_costs(predict_serial, n_layer: int, batch: int, k: int, measured:
     bw = (low * high) ** 0.5
     if k > 1:
         extra_passes = (k - 1) * n_layer
-        overhead = (measured["accumulated"] - measured["batch"] - (work(batch, k, bw) - work(batch, 1, bw))) / extra_passes
+        more_work = work(batch, k, bw) - work(batch, 1, bw)
+        overhead = (measured["accumulated"] - measured["batch"] - more_work) / extra_passes
     else:
         overhead = (measured["one"] - work(1, 1, bw)) / n_layer
     overhead = max(0.0, overhead)
@@ -400,7 +402,8 @@ def main(argv=None) -> int:
           f"{facts['gemm_half_flops'] / 1e6:.2f} MFLOP (fitted to {len(facts['gemm_points'])} NumPy matmuls of the "
           f"model's shapes), element-wise work at {facts['memory_bandwidth'] / 1e9:.1f} GB/s (streamed: "
           f"{facts['memory_bandwidth_measured'] / 1e9:.1f}), {facts['layer_overhead'] * 1e3:.2f} ms "
-          f"per layer pass and {facts['step_overhead'] * 1e3:.1f} ms per step; serial step {facts['serial_step_seconds'] * 1e3:.1f} ms measured, "
+          f"per layer pass and {facts['step_overhead'] * 1e3:.1f} ms per step; "
+          f"serial step {facts['serial_step_seconds'] * 1e3:.1f} ms measured, "
           f"{facts['serial_step_predicted'] * 1e3:.1f} ms predicted; all-reduce alpha {facts['alpha'] * 1e6:.1f} us, "
           f"beta {facts['beta'] * 1e9:.3f} ns/byte; a pipeline message noticed {facts['pipeline_message_seconds'] * 1e3:.2f} "
           "ms after its send")

@@ -58,10 +58,11 @@ class Device:
             problems.append(f"not a positive number: {', '.join(bad)}")
         if self.gemm_curve is not None:
             curve = tuple(self.gemm_curve) if isinstance(self.gemm_curve, (list, tuple)) else ()
-            if len(curve) != 2 or not (_positive(curve[0]) and curve[0] <= 1 and (_positive(curve[1]) or curve[1] == 0)):
+            fraction, half = curve if len(curve) == 2 else (0, -1)
+            if not (_positive(fraction) and fraction <= 1 and (_positive(half) or half == 0)):
                 problems.append("gemm_curve must be [e, W½]: a fraction of the peak in (0, 1] and FLOPs >= 0")
             else:
-                object.__setattr__(self, "gemm_curve", (float(curve[0]), float(curve[1])))
+                object.__setattr__(self, "gemm_curve", (float(fraction), float(half)))
         if not (isinstance(self.name, str) and self.name and isinstance(self.source, str)):
             problems.append("name and source must be strings, name not empty")
         if problems:

@@ -21,8 +21,7 @@ from minidist.plan.stage_memory import (extra_bytes, heaviest_stage, in_flight, 
                                         layer_activation_bytes, rank_ledger, rank_parameter_count, rank_units,
                                         stage_activation_bytes, stage_ledger, state_bytes)
 from minidist.plan.step_time import (all_reduce_seconds, data_parallel_seconds, flops_per_step,  # noqa: F401
-                                     gradient_passes_seconds,
-                                     group_span, half_seconds, optimizer_seconds, pipeline_estimate, pipeline_seconds, pp_messages,
+                                     gradient_passes_seconds, group_span, half_seconds, optimizer_seconds, pipeline_estimate, pipeline_seconds, pp_messages,
                                      stage_costs, tp_calls)
 from minidist.plan.workload import (ACTIVATION_BYTES, STATE_BYTES, Cluster, GemmCurve, Workload,  # noqa: F401
                                     chunk_layers, config_for, padded_vocab)
