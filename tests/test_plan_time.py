@@ -207,3 +207,15 @@ def test_the_gradients_own_memory_passes():
     assert gradient_passes_seconds(plain, Layout(dp=4, microbatches=4), cluster, 1e6) == 0.0
     with_passes, without = (predict(x, Layout(dp=4, microbatches=4), cluster) for x in (w, plain))
     assert with_passes["step_seconds"] == pytest.approx(without["step_seconds"] + with_passes["gradients"])
+
+
+def test_the_pipeline_engines_own_time_counts_as_idle():
+    """Cluster.engine_overhead: after each forward and backward a pipeline rank spends that long in
+    the engine; it lengthens the step and, as a run measures it, the bubble. No pipeline, no engine."""
+    w = Workload(CFG, 16, 32, "fp32", "minidist", overlap=False)
+    plain, engine = Cluster(2, 2, 1e12, **LINKS), Cluster(2, 2, 1e12, **LINKS, engine_overhead=1e-4)
+    pipe = Layout(pp=2, microbatches=4, schedule="1f1b")
+    before, after = predict(w, pipe, plain), predict(w, pipe, engine)
+    assert after["pp"] == pytest.approx(before["pp"] + 2 * 4 * 1e-4)  # a forward and a backward per micro-batch
+    assert after["bubble_fraction"] > before["bubble_fraction"]
+    assert predict(w, Layout(dp=2), engine)["step_seconds"] == predict(w, Layout(dp=2), plain)["step_seconds"]

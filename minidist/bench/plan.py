@@ -35,6 +35,7 @@ may be shared: the fastest step is the least disturbed).
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -161,6 +162,25 @@ def time_pipeline_message(nbytes: int, reps: int = 20, busy: float = 0.005) -> l
     return delays
 
 
+def time_pipeline_engine(config: GPTConfig, batch: int, microbatches: int, steps: int = 4) -> float:
+    """Rank program: the median time minidist's pipeline engine spends after a forward or backward
+    (posting sends, polling, bookkeeping: the gap to the rank's next event, `PipelineTrainer`'s
+    explain_bubble), in a pipeline of one stage per rank."""
+    from minidist.comm import get_world
+    from minidist.core.tensor import default_dtype
+    from minidist.parallel.pipeline import PipelineTrainer
+    from minidist.training.train import OptimSettings
+    with default_dtype("float32"):
+        trainer = PipelineTrainer(config, OptimSettings(lr=1e-3, steps=steps), make_task("sort", config.block_size),
+                                  batch, group=get_world(), microbatches=microbatches, schedule="1f1b",
+                                  explain_bubble=True)
+        seconds = []
+        for step in range(steps):
+            trainer.step(step)
+            seconds.append(trainer.engine_seconds)
+    return float(np.median(seconds[1:]))
+
+
 def time_steps_side_by_side(config: GPTConfig, batch: int, steps: int = 30) -> float:
     """Rank program: the median seconds of a serial training step of `batch` sequences, every rank
     stepping its own model at once with no communication: what sharing the cores costs."""
@@ -232,7 +252,8 @@ def calibrate(config: GPTConfig, args) -> tuple[Cluster, dict]:
     minidist's element-wise work reaches. With more ranks than cores the cluster says how many
     cores they effectively get (`effective_cores`, `Cluster.cores`: a step takes at least the ranks'
     busy time over the cores). minidist's all-reduce timed on `--ranks` ranks gives alpha and beta;
-    a pipeline message's delay is timed as the receiver notices it."""
+    a pipeline message's delay is timed as the receiver notices it, and the pipeline engine's own
+    time after each forward and backward in a short pipeline run (`Cluster.engine_overhead`)."""
     model_flags = ["--n-layer", str(config.n_layer), "--n-embd", str(config.n_embd), "--n-head", str(config.n_head),
                    "--block-size", str(config.block_size),
                    "--steps", str(max(args.steps, 10))]  # the least disturbed of nine
@@ -265,8 +286,11 @@ def calibrate(config: GPTConfig, args) -> tuple[Cluster, dict]:
     activation = args.batch_size * config.block_size * config.n_embd * 4  # the largest a pipeline sends
     p2p = float(np.median(run(time_pipeline_message, n, activation, timeout=args.timeout)[0]))
     shared = min(cores, effective_cores(config, args.batch_size, n, args.timeout)) if cores < n else None
+    stages = min(n, config.n_layer)
+    engine = run(time_pipeline_engine, stages, config, args.batch_size, math.gcd(args.batch_size, 8),
+                 timeout=args.timeout)[0]
     cluster = Cluster(n, n, float("inf"), link, alpha, link, alpha, peak, overhead, memory_bandwidth=bandwidth,
-                      step_overhead=per_step, gemm=curve, p2p_latency=p2p, cores=shared)
+                      step_overhead=per_step, gemm=curve, p2p_latency=p2p, engine_overhead=engine, cores=shared)
     facts = {"serial_step_seconds": serial["batch"], "serial_one_sequence_seconds": serial["one"],
              "serial_accumulated_seconds": serial["accumulated"], "serial_accumulated_microbatches": k,
              "serial_step_predicted": serial_prediction(args.batch_size, 1, overhead, per_step, bandwidth),
@@ -276,7 +300,7 @@ def calibrate(config: GPTConfig, args) -> tuple[Cluster, dict]:
              "memory_bandwidth": bandwidth, "memory_bandwidth_measured": device.memory_bandwidth,
              "layer_overhead": overhead, "step_overhead": per_step, "cores": cores, "ranks": n,
              "effective_cores": shared, "alpha": alpha, "beta": beta,
-             "pipeline_message_seconds": p2p,
+             "pipeline_message_seconds": p2p, "pipeline_engine_seconds": engine,
              "all_reduce_seconds": {str(k): v for k, v in zip(sizes, seconds)}}
     return cluster, facts
 
@@ -406,7 +430,8 @@ def main(argv=None) -> int:
           f"serial step {facts['serial_step_seconds'] * 1e3:.1f} ms measured, "
           f"{facts['serial_step_predicted'] * 1e3:.1f} ms predicted; all-reduce alpha {facts['alpha'] * 1e6:.1f} us, "
           f"beta {facts['beta'] * 1e9:.3f} ns/byte; a pipeline message noticed {facts['pipeline_message_seconds'] * 1e3:.2f} "
-          "ms after its send")
+          f"ms after its send, the pipeline engine's {facts['pipeline_engine_seconds'] * 1e3:.2f} ms after each "
+          "forward or backward")
     if args.calibrate:
         if args.json:
             with open(args.json, "w") as f:

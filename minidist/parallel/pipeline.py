@@ -98,6 +98,7 @@ class PipelineTrainer(Trainer):
         self.modelled: list[float] = []  # ... each stage's mean costs, the engine's and the messages' in
         self.replayed: list[float] = []  # ... replayed: each instruction's own time, the engine's, the messages' (bubble.py)
         self.stage_seconds = np.zeros((self.stages, v, 2))  # the last step's mean forward, backward per chunk
+        self.engine_seconds = 0.0  # the last step's median engine time after an instruction (explain_bubble)
         self.peak_count = [0] * self.stages  # most micro-batches of activations held, per rank
         self.peak_bytes = [0] * self.stages
 
@@ -309,6 +310,7 @@ class PipelineTrainer(Trainer):
         all_reduce(table, op="sum", group=self.group)
         costs, receive = table[:costs.size].reshape(shape), bubble.receive_seconds(table[costs.size:].reshape(-1, 3))
         self.stage_seconds = costs[..., bubble.COMPUTE].mean(axis=3)
+        self.engine_seconds = float(np.median(costs[..., bubble.ENGINE]))
         self.simulated.append(bubble.stage_bubble(self.every_schedule, costs))
         self.replayed.append(bubble.replayed_bubble(self.every_schedule, costs, receive))
         self.modelled.append(bubble.replayed_bubble(self.every_schedule, costs, receive, each=False))

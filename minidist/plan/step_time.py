@@ -204,6 +204,7 @@ def stage_costs(w, layout: Layout, cluster, b: int) -> tuple:
         alpha, beta = cluster.link(nodes == 1)
         alpha = cluster.p2p_latency if cluster.p2p_latency is not None else alpha
         message = alpha + b * s * h * item / (t if w.sequence_parallel else 1) * beta
+        message += cluster.engine_overhead  # the engine's own time around it, idle as a run measures it
     per_rank = []
     for rank in range(p):
         chunks = []
