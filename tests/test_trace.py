@@ -257,7 +257,7 @@ def test_spans_in_flight_at_once_get_lanes_of_their_own_and_arrows_pair_by_messa
     assert [e["ts"] for e in spans if e["pid"] == 1] == [1e6, 3e6]  # -8 s + 10 s offset, from the first event at 1 s
     flows = {(e["ph"], e["id"]): e for e in trace["traceEvents"] if e["ph"] in "sf"}
     assert set(flows) == {("s", 1), ("s", 2), ("f", 1), ("f", 2)}
-    assert flows["f", 1]["ts"] == 2e6 - 1e-3 and flows["s", 1]["ts"] == 0.25e6  # the receive's end, the send's middle
+    assert flows["f", 1]["ts"] == 2e6 - 1e-3 and flows["s", 1]["ts"] == 1e-3  # the receive's end, the send's start
     assert trace["otherData"]["minidist"]["command"] == "test"
     counter = next(e for e in trace["traceEvents"] if e["ph"] == "C")
     assert (counter["pid"], counter["ts"], counter["args"]) == (1, 9.5e6, {"params": 4})

@@ -53,8 +53,9 @@ def to_chrome(ranks: list[dict], metadata: dict | None = None) -> dict:
             events.append(event)
         for phase, index, key in r["flows"]:
             _, _, _, start, end = spans[index]
-            # an arrow's end must fall inside its span: the sender's middle, the receiver's last nanosecond
-            at = (start + end) // 2 if phase == "s" else max(start, end - 1)
+            # an arrow's end must fall inside its span: the sender's first nanosecond (the message may
+            # arrive before the send call returns), the receiver's last
+            at = min(start + 1, end) if phase == "s" else max(start, end - 1)
             flow = {"name": "message", "cat": "p2p", "ph": phase, "id": flow_ids.setdefault(key, len(flow_ids) + 1),
                     "ts": _us(at), "pid": pid, "tid": tid_of[index]}
             if phase == "f":
