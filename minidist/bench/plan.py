@@ -52,7 +52,7 @@ from minidist.core.data import make_task
 from minidist.core.model import GPTConfig
 from minidist.plan.search import candidate_layouts, plan
 from minidist.training.layout import Layout
-from minidist.plan.hardware import fit_gemm_line, measure_this_machine
+from minidist.plan.hardware import fit_gemm_line, measure_this_machine, time_matmul
 from minidist.plan.predict import Cluster, GemmCurve, Workload, predict, rank_ledger
 from minidist.plan.step_time import layer_gemms
 from minidist.parallel.mesh import coordinates
@@ -209,21 +209,11 @@ def fastest_step(report: dict) -> float:
 
 def time_gemms(shapes, dtype=np.float32, seconds: float = 0.02) -> list[tuple[float, float]]:
     """(FLOPs, seconds) of a NumPy matmul of each (M, N, K), one BLAS thread (a rank's share), the
-    fastest of repeats lasting about `seconds`."""
+    fastest of repeats lasting about `seconds` (`hardware.time_matmul`)."""
     from threadpoolctl import threadpool_limits
 
-    points = []
     with threadpool_limits(1):
-        for m, n, k in shapes:
-            a, b = np.ones((m, k), dtype), np.ones((k, n), dtype)
-            best, spent = float("inf"), 0.0
-            while spent < seconds or best == float("inf"):
-                start = time.perf_counter()
-                a @ b
-                took = time.perf_counter() - start
-                best, spent = min(best, took), spent + took
-            points.append((2.0 * m * n * k, best))
-    return points
+        return [time_matmul(m, n, k, dtype, seconds) for m, n, k in shapes]
 
 
 def fit_gemm_curve(points, peak: float) -> GemmCurve:

@@ -157,7 +157,7 @@ def measure_this_machine(seconds: float = 1.0) -> Device:
     with threadpool_limits(limits=1):  # one BLAS thread: a rank's share when ranks fill the cores
         fp64 = _matmul_rate(np.float64, 0.4 * seconds)
         fp32 = _matmul_rate(np.float32, 0.4 * seconds)
-        curve = fit_gemm_line([_matmul_point(n, np.float32, 0.05 * seconds) for n in (16, 32, 64, 128, 256)], fp32)
+        curve = fit_gemm_line([time_matmul(n, n, n, budget=0.05 * seconds) for n in (16, 32, 64, 128, 256)], fp32)
     stream = _copy_rate(0.2 * seconds)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return Device(
@@ -185,13 +185,14 @@ def fit_gemm_line(points, peak: float) -> tuple[float, float]:
     return float(min(1.0, 1 / (slope * peak))), float(max(0.0, intercept / slope))
 
 
-def _matmul_point(n: int, dtype, budget: float) -> tuple[float, float]:
-    """(FLOPs, the fastest seconds) of an n x n matmul, repeated for about `budget` seconds."""
+def time_matmul(m: int, n: int, k: int, dtype=np.float32, budget: float = 0.02) -> tuple[float, float]:
+    """(FLOPs, the fastest seconds) of an (m, k) x (k, n) NumPy matmul, repeated for about `budget`
+    seconds (call it under one BLAS thread: a rank's share)."""
     rng = np.random.default_rng(0)
-    a, b = rng.standard_normal((n, n)).astype(dtype), rng.standard_normal((n, n)).astype(dtype)
-    out = np.empty((n, n), dtype)
-    rate = _best_rate(2.0 * n**3, lambda: np.matmul(a, b, out=out), budget)
-    return 2.0 * n**3, 2.0 * n**3 / rate
+    a, b = rng.standard_normal((m, k)).astype(dtype), rng.standard_normal((k, n)).astype(dtype)
+    out = np.empty((m, n), dtype)
+    work = 2.0 * m * n * k
+    return work, work / _best_rate(work, lambda: np.matmul(a, b, out=out), budget)
 
 
 def _best_rate(work: float, run, budget: float, at_least: int = 2) -> float:
