@@ -143,7 +143,7 @@ def test_the_speed_a_user_can_check():
 def test_the_gemm_curve_is_fitted_back_from_its_own_points():
     """bench plan --calibrate fits (e, W½) to NumPy matmuls; on points drawn from a known curve it
     finds that curve again, and on this machine's matmuls it finds a curve that predicts them."""
-    from minidist.bench.plan import fit_gemm_curve, layer_shapes, time_gemms
+    from minidist.bench.yardsticks import fit_gemm_curve, layer_shapes, time_gemms
     known = GemmCurve(peak_fraction=0.6, half_flops=3e6)
     points = [(w, known.seconds(w, 0, 1e11, 1e30)) for w in (1e5, 1e6, 1e7, 1e8, 1e9)]
     fitted = fit_gemm_curve(points, 1e11)
@@ -174,7 +174,7 @@ def test_ranks_sharing_cores_take_their_busy_time_over_the_cores():
 def test_three_serial_steps_fix_the_fixed_costs_and_the_elementwise_bandwidth():
     """bench plan's serial yardsticks: the batch at once, one sequence, the batch in 4 micro-batches,
     predicted with a known overhead per layer pass, per step and bandwidth, give all three back."""
-    from minidist.bench.plan import fit_serial_costs
+    from minidist.bench.yardsticks import fit_serial_costs
 
     def serial(batch, microbatches, overhead, per_step, bandwidth):
         cluster = Cluster(1, 1, 1e12, flops=1e12, layer_overhead=overhead, step_overhead=per_step,
@@ -219,3 +219,42 @@ def test_the_pipeline_engines_own_time_counts_as_idle():
     assert after["pp"] == pytest.approx(before["pp"] + 2 * 4 * 1e-4)  # a forward and a backward per micro-batch
     assert after["bubble_fraction"] > before["bubble_fraction"]
     assert predict(w, Layout(dp=2), engine)["step_seconds"] == predict(w, Layout(dp=2), plain)["step_seconds"]
+
+
+def test_a_strategys_own_bookkeeping_is_charged_per_layer_pass_unit_or_micro_batch():
+    """Cluster.strategy_overhead: tp per layer pass (in each pass, so a pipeline simulates it), ZeRO-2/3
+    per unit (the layers, and the embeddings with the head) and micro-batch, the mesh engine per
+    micro-batch where it runs a layout without a pipeline; none where not measured (the GPU presets)."""
+    w = Workload(CFG, 16, 32, "fp32", "minidist", overlap=False)
+    plain = Cluster(4, 4, 1e12, **LINKS)
+    timed = Cluster(4, 4, 1e12, **LINKS, strategy_overhead=(("tp", 1e-4), ("zero2", 2e-5), ("zero3", 3e-5),
+                                                            ("mesh", 5e-4)))
+
+    def extra(layout):
+        return predict(w, layout, timed)["step_seconds"] - predict(w, layout, plain)["step_seconds"]
+
+    units = CFG.n_layer + 1
+    assert extra(Layout(dp=4, zero=3, microbatches=4)) == pytest.approx(4 * units * 3e-5)
+    assert extra(Layout(dp=4, zero=2, microbatches=2)) == pytest.approx(2 * units * 2e-5)
+    assert extra(Layout(tp=4)) == pytest.approx(CFG.n_layer * 1e-4)  # TensorParallelTrainer: no mesh engine
+    assert extra(Layout(tp=4, microbatches=2)) == pytest.approx(2 * CFG.n_layer * 1e-4 + 2 * 5e-4)
+    assert extra(Layout(dp=2, tp=2)) == pytest.approx(CFG.n_layer * 1e-4 + 5e-4)
+    assert extra(Layout(dp=4, microbatches=4)) == extra(Layout(dp=4, zero=1)) == 0.0
+    assert predict(w, Layout(dp=4, zero=3, microbatches=4), timed)["machinery"] == pytest.approx(4 * units * 3e-5)
+    # in a pipeline the tp share is in every stage's passes, simulated: 2 stages of 4 layers, 4 micro-batches
+    pipe = Layout(tp=2, pp=2, microbatches=4, schedule="gpipe")
+    assert extra(pipe) == pytest.approx((4 + 2 - 1) * 4 * 1e-4, rel=1e-6)
+
+
+def test_the_strategy_yardsticks_become_the_clusters_units():
+    """bench plan's one-rank yardstick gives seconds per micro-batch; the cluster wants tp per layer
+    pass and ZeRO per unit net of the gradient passes the planner already counts."""
+    from minidist.bench.yardsticks import strategy_overheads, time_strategy_overheads
+    got = strategy_overheads({"tp": 8e-4, "zero2": 1e-3, "zero3": 2e-3, "mesh": -1e-5}, n_layer=4,
+                             counted={"zero2": 5e-4, "zero3": 3e-3})
+    assert got == pytest.approx({"tp": 2e-4, "zero2": 1e-4, "zero3": 0.0, "mesh": 0.0})
+    # the yardstick itself: every trainer steps on this one process, and each difference is a time
+    small = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32)
+    measured = time_strategy_overheads(small, microbatches=2, rounds=2)
+    assert set(measured) == {"tp", "zero2", "zero3", "mesh"}
+    assert all(math.isfinite(v) and abs(v) < 1.0 for v in measured.values())

@@ -22,16 +22,17 @@ from minidist.plan.stage_memory import (extra_bytes, heaviest_stage, in_flight, 
                                         stage_activation_bytes, stage_ledger, state_bytes)
 from minidist.plan.step_time import (all_reduce_seconds, data_parallel_seconds, flops_per_step,  # noqa: F401
                                      gradient_passes_seconds, group_span, half_seconds, optimizer_seconds, pipeline_estimate, pipeline_seconds, pp_messages,
-                                     stage_costs, tp_calls)
+                                     stage_costs, strategy_overhead_seconds, tp_calls)
 from minidist.plan.workload import (ACTIVATION_BYTES, STATE_BYTES, Cluster, GemmCurve, Workload,  # noqa: F401
                                     chunk_layers, config_for, padded_vocab)
 from minidist.training.layout import Layout
 
 
 def predict(w: Workload, layout: Layout, cluster: Cluster, simulate: bool = True) -> dict:
-    """Step time split into compute, tp, pp, bubble, exposed dp, optimizer and the gradients' own
-    memory passes (seconds, on the busiest rank), the bytes each rank sends per step on each axis,
-    the speed a user can check (TFLOP/s per device, MFU) and the heaviest stage's memory.
+    """Step time split into compute, tp, pp, bubble, exposed dp, optimizer, the gradients' own
+    memory passes and a strategy's own bookkeeping (`machinery`) — seconds, on the busiest rank —,
+    the bytes each rank sends per step on each axis, the speed a user can check (TFLOP/s per
+    device, MFU) and the heaviest stage's memory.
     `simulate=False`: the pipeline's time from `pipeline_estimate` instead of the simulated
     schedule ("simulated" says which)."""
     d, t, p, m, v = layout.dp, layout.tp, layout.pp, layout.microbatches, layout.virtual_stages
@@ -59,7 +60,8 @@ def predict(w: Workload, layout: Layout, cluster: Cluster, simulate: bool = True
                                              (first.forward / layers, first.backward / layers))
     optimizer = optimizer_seconds(params, layout.zero, d, cluster) + cluster.step_overhead
     gradients = gradient_passes_seconds(w, layout, cluster, params)
-    step = pipeline + embedding_time + dp_time + optimizer + gradients
+    machinery = strategy_overhead_seconds(w, layout, cluster)
+    step = pipeline + embedding_time + dp_time + optimizer + gradients + machinery
     shared = shared_cores_seconds(step, bubble, cluster)
     step = max(step, shared or 0.0)
 
@@ -70,7 +72,7 @@ def predict(w: Workload, layout: Layout, cluster: Cluster, simulate: bool = True
     pp_bytes = tp_bytes / (t if w.sequence_parallel else 1)
     return {"step_seconds": step, "compute": m * work["compute"], "tp": m * work["tp"],
             "pp": m * work["pp"] + embedding_time, "bubble": bubble, "dp": dp_time, "optimizer": optimizer,
-            "gradients": gradients,
+            "gradients": gradients, "machinery": machinery,
             # idle share of all ranks, as a run measures it: time outside forward and backward (waits, messages)
             "bubble_fraction": 1 - m * sum(part["total"] - part["pp"] for part in parts) / (p * pipeline)
             if pipeline else 0.0,

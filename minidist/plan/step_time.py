@@ -193,7 +193,9 @@ def stage_costs(w, layout: Layout, cluster, b: int) -> tuple:
     gemm, _ = gemms_seconds(layer_gemms(b, s, h, a, t), cluster, item)
     # each stored activation written and read once forward (Korthikanti et al.'s bytes are 16-bit)
     moved = 2 * layer_activation_bytes(w, b, t) * (item / 2 if w.activations == "megatron" else 1)
-    elementwise = moved / cluster.memory_bandwidth + cluster.layer_overhead / 3
+    # fixed costs of a layer pass, a third forward and two thirds backward: every layer's, and the
+    # tensor-parallel layers' own (their f and g functions, the vocabulary-parallel loss: chapter 6)
+    elementwise = moved / cluster.memory_bandwidth + (cluster.layer_overhead + (t > 1) * cluster.overhead("tp")) / 3
     calls = 2 if t > 1 else 0
     tp = 2 * calls * all_reduce_seconds(b * s * h * item, "tp", layout, cluster)  # two forward, two backward
     head_gemm, _ = gemms_seconds([(1, b * s, vocab // t, h)], cluster, item)
@@ -223,6 +225,22 @@ def optimizer_seconds(parameters: float, zero: int, dp: int, cluster) -> float:
     return 32 * parameters / (dp if zero else 1) / cluster.memory_bandwidth
 
 
+def strategy_overhead_seconds(w, layout: Layout, cluster) -> float:
+    """The step's share of a strategy's own bookkeeping that no split shrinks (`Cluster.strategy_overhead`;
+    the tensor-parallel layers' share is in each layer pass, `stage_costs`): ZeRO-2 and 3 per unit
+    (a layer, or the embeddings and head) and micro-batch: flattening each micro-batch's gradients
+    into a bucket, and for ZeRO-3 gathering, viewing and releasing each unit's weights (chapter 8);
+    the mesh engine per micro-batch where it runs a layout without a pipeline (tp with accumulation,
+    dp x tp: a one-stage pipeline, chapter 9)."""
+    d, t, p, z, m = layout.dp, layout.tp, layout.pp, layout.zero, layout.microbatches
+    seconds = 0.0
+    if z >= 2:
+        seconds += m * (w.config.n_layer + 1) * cluster.overhead(f"zero{z}")
+    elif p == 1 and t > 1 and (m > 1 or d > 1):
+        seconds += m * cluster.overhead("mesh")
+    return seconds
+
+
 def gradient_passes_seconds(w, layout: Layout, cluster, params: float) -> float:
     """The memory passes over this rank's gradients that no link sees, at memory bandwidth (only with
     `w.gradient_passes`): each micro-batch after the first adds its gradients to the sum (read
@@ -234,7 +252,7 @@ def gradient_passes_seconds(w, layout: Layout, cluster, params: float) -> float:
     d, z, m = layout.dp, layout.zero, layout.microbatches
     p_bytes, g_bytes, _ = STATE_BYTES[w.precision]
     grads = params * g_bytes
-    if z >= 2 and d > 1:
+    if z >= 2:
         moved = m * (2 * grads + 3 * grads / d)
         if z == 3:
             moved += m * (3 if w.recompute else 2) * params * p_bytes

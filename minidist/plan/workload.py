@@ -59,6 +59,14 @@ class Cluster:
                                       # sends, polling, bookkeeping): idle, as a run measures it
     cores: float | None = None  # CPU cores the ranks share (None: a device each); with fewer cores than
                                 # ranks a step takes at least the ranks' busy time spread over the cores
+    strategy_overhead: tuple = ()  # ((engine, s), ...): what a strategy's own bookkeeping adds beyond plain
+                                   # training, per layer pass and micro-batch ("tp", "zero2", "zero3") or per
+                                   # micro-batch ("mesh"); minidist's Python, measured on one rank where every
+                                   # message is free (bench plan); none on a GPU, whose queue hides the host
+
+    def overhead(self, engine: str) -> float:
+        """`strategy_overhead`'s seconds for `engine` (0 where not measured)."""
+        return dict(self.strategy_overhead).get(engine, 0.0)
 
     @classmethod
     def of(cls, device, gpus: int, precision: str = "mixed", **changes) -> "Cluster":

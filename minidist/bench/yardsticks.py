@@ -1,0 +1,225 @@
+"""The yardsticks `bench plan` measures before it predicts: what this machine is to the planner (chapter 9).
+
+Each is a small timing that the planner's formulas need as a number and that no data sheet gives
+for a CPU running NumPy: the GEMM curve of the model's own matmul shapes (`time_gemms`,
+`fit_gemm_curve`), the three serial steps that fix a layer pass's, a step's and the element-wise
+work's costs (`fit_serial_costs`), minidist's all-reduce on the job's ranks (`time_all_reduce`),
+how late a pipeline's receiver notices a message (`time_pipeline_message`), the pipeline engine's
+own time (`time_pipeline_engine`), how many cores ranks that share them get (`effective_cores`),
+and what each strategy's own bookkeeping adds to a micro-batch (`time_strategy_overheads`). The
+functions named `time_*` whose docstring says "rank program" run under `comm.launch.run`.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from minidist.comm.launch import run
+from minidist.core.data import make_task
+from minidist.core.model import GPTConfig
+from minidist.plan.hardware import fit_gemm_line, time_matmul
+from minidist.plan.predict import GemmCurve
+from minidist.plan.step_time import layer_gemms
+
+
+def time_all_reduce(sizes, reps: int = 20) -> list[float]:
+    """Rank program: seconds per minidist all_reduce of each size (float32, the slowest rank's)."""
+    from mpi4py import MPI
+
+    from minidist.comm import all_reduce, get_world
+    comm = get_world().comm
+    seconds = []
+    for nbytes in sizes:
+        x = np.ones(nbytes // 4, np.float32)
+        all_reduce(x)  # warm-up
+        comm.Barrier()
+        start = time.perf_counter()
+        for _ in range(reps):
+            all_reduce(x)
+        mine = np.array([(time.perf_counter() - start) / reps])
+        comm.Allreduce(MPI.IN_PLACE, mine, op=MPI.MAX)
+        seconds.append(float(mine[0]))
+    return seconds
+
+
+def time_pipeline_message(nbytes: int, reps: int = 20, busy: float = 0.005) -> list[float]:
+    """Rank program (2 ranks at least): seconds from rank 1's send to rank 0 noticing it, as a
+    pipeline's receiver notices an activation: rank 0 has been waiting a while (`busy` s of rank 1's
+    compute), so minidist's polite wait is asleep in its back-off. One machine: one clock."""
+    from minidist.comm import get_world
+    from minidist.comm.p2p import irecv, isend
+    from minidist.comm.waiting import wait
+    world = get_world()
+    comm, x = world.comm, np.ones(nbytes // 4, np.float32)
+    delays = []
+    for i in range(reps):
+        comm.Barrier()
+        if world.rank == 1:
+            end = time.perf_counter() + busy
+            while time.perf_counter() < end:  # compute, as the previous stage does
+                pass
+            sent = np.array([time.perf_counter()])
+            wait(isend(x, 0, i, world))
+            comm.Send(sent, dest=0, tag=10_000 + i)
+        elif world.rank == 0:
+            wait(irecv(x, 1, i, world))
+            noticed = time.perf_counter()
+            sent = np.empty(1)
+            comm.Recv(sent, source=1, tag=10_000 + i)
+            delays.append(noticed - sent[0])
+    return delays
+
+
+def time_pipeline_engine(config: GPTConfig, batch: int, microbatches: int, steps: int = 4) -> float:
+    """Rank program: the median time minidist's pipeline engine spends after a forward or backward
+    (posting sends, polling, bookkeeping: the gap to the rank's next event, `PipelineTrainer`'s
+    explain_bubble), in a pipeline of one stage per rank."""
+    from minidist.comm import get_world
+    from minidist.core.tensor import default_dtype
+    from minidist.parallel.pipeline import PipelineTrainer
+    from minidist.training.train import OptimSettings
+    with default_dtype("float32"):
+        trainer = PipelineTrainer(config, OptimSettings(lr=1e-3, steps=steps), make_task("sort", config.block_size),
+                                  batch, group=get_world(), microbatches=microbatches, schedule="1f1b",
+                                  explain_bubble=True)
+        seconds = []
+        for step in range(steps):
+            trainer.step(step)
+            seconds.append(trainer.engine_seconds)
+    return float(np.median(seconds[1:]))
+
+
+def time_steps_side_by_side(config: GPTConfig, batch: int, steps: int = 30) -> float:
+    """Rank program: the median seconds of a serial training step of `batch` sequences, every rank
+    stepping its own model at once with no communication: what sharing the cores costs."""
+    from minidist.bench.step import minidist_step
+    from minidist.comm import get_world
+    from minidist.parallel.stage_balance import median_seconds
+    step = minidist_step(config, batch, "float32")[0]
+    get_world().comm.Barrier()  # start together, so that the steps overlap
+    return median_seconds(step, steps)
+
+
+def effective_cores(config: GPTConfig, batch: int, ranks: int, timeout: float) -> float:
+    """How many cores `ranks` ranks get when they share fewer: ranks x (a step alone) / (the same step
+    with every rank stepping at once). Two ranks on one core would give 1 if switching between
+    them were free; the caches they share and the switches make it less."""
+    share = max(1, batch // ranks)
+    alone = run(time_steps_side_by_side, 1, config, share, timeout=timeout)[0]
+    together = float(np.median(run(time_steps_side_by_side, ranks, config, share, timeout=timeout)))
+    return ranks * alone / together
+
+
+def time_strategy_overheads(config: GPTConfig, microbatches: int = 4, rounds: int = 20) -> dict:
+    """Rank program (one rank): seconds per micro-batch of one sequence that each strategy's trainer
+    takes beyond plain training where every message is free (on one rank a collective is a copy), for
+    `Cluster.strategy_overhead` (chapter 9; `strategy_overheads` turns them into its units):
+
+        "tp"     TensorParallelTrainer against SerialTrainer (the f and g functions, the
+                 vocabulary-parallel loss)
+        "zero2"  Zero2Trainer against DataParallelTrainer, `microbatches` micro-batches (buckets)
+        "zero3"  Zero3Trainer likewise (buckets, and each unit's gathers, views and releases)
+        "mesh"   MeshTrainer likewise (a one-stage pipeline of micro-batches)
+
+    The trainers step in turn, `rounds` times, and each difference is the median of the rounds' own
+    differences: a trainer is set against its baseline's step just before, so that a machine that
+    changes speed during the yardstick moves both alike."""
+    from minidist.comm import get_world
+    from minidist.core.tensor import default_dtype
+    from minidist.parallel.composed import MeshTrainer
+    from minidist.parallel.data_parallel import DataParallelTrainer
+    from minidist.parallel.tensor_parallel import TensorParallelTrainer
+    from minidist.parallel.zero import ZeroTrainer
+    from minidist.training.train import OptimSettings, SerialTrainer
+
+    world, k = get_world(), microbatches
+    task, settings = make_task("sort", config.block_size), OptimSettings(lr=1e-3, steps=rounds + 2)
+    with default_dtype("float32"):
+        trainers = {"serial": SerialTrainer(config, settings, task, 1),
+                    "tp": TensorParallelTrainer(config, settings, task, 1, group=world),
+                    "plain": DataParallelTrainer(config, settings, task, k, group=world, accumulation=k),
+                    "zero2": ZeroTrainer(config, settings, task, k, group=world, stage=2, accumulation=k),
+                    "zero3": ZeroTrainer(config, settings, task, k, group=world, stage=3, accumulation=k),
+                    "mesh": MeshTrainer(config, settings, task, k, group=world, microbatches=k)}
+    seconds = {name: [] for name in trainers}
+    for step in range(rounds + 2):
+        for name, trainer in trainers.items():
+            start = time.perf_counter()
+            trainer.step(step)
+            seconds[name].append(time.perf_counter() - start)
+
+    def beyond(name: str, baseline: str) -> float:  # the first two steps allocate and warm the caches
+        return float(np.median(np.subtract(seconds[name], seconds[baseline])[2:]))
+
+    return {"tp": beyond("tp", "serial"), "zero2": beyond("zero2", "plain") / k,
+            "zero3": beyond("zero3", "plain") / k, "mesh": beyond("mesh", "plain") / k}
+
+
+def strategy_overheads(measured: dict, n_layer: int, counted: dict) -> dict:
+    """`Cluster.strategy_overhead` from `time_strategy_overheads`' seconds per micro-batch: tp per
+    layer pass, ZeRO per unit (n_layer + 1: the layers, and the embeddings with the head) net of the
+    gradients' memory passes the planner already counts (`counted`, per micro-batch), the mesh per
+    micro-batch; never below zero (a difference within the noise)."""
+    units = n_layer + 1
+    return {"tp": max(0.0, measured["tp"]) / n_layer,
+            "zero2": max(0.0, measured["zero2"] - counted["zero2"]) / units,
+            "zero3": max(0.0, measured["zero3"] - counted["zero3"]) / units,
+            "mesh": max(0.0, measured["mesh"])}
+
+
+def time_gemms(shapes, dtype=np.float32, seconds: float = 0.02) -> list[tuple[float, float]]:
+    """(FLOPs, seconds) of a NumPy matmul of each (M, N, K), one BLAS thread (a rank's share), the
+    fastest of repeats lasting about `seconds` (`hardware.time_matmul`)."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1):
+        return [time_matmul(m, n, k, dtype, seconds) for m, n, k in shapes]
+
+
+def fit_gemm_curve(points, peak: float) -> GemmCurve:
+    """The GEMM curve t = (W + W½)/(e·peak) through measured (W, t) (`hardware.fit_gemm_line`)."""
+    return GemmCurve(*fit_gemm_line(points, peak))
+
+
+def layer_shapes(config: GPTConfig, batch: int, ranks: int) -> list[tuple[int, int, int]]:
+    """The GEMMs the demo's layouts run: one layer's, for micro-batches of 1..batch rows and tp 1..ranks."""
+    shapes = set()
+    for b in sorted({1, 2, 4, batch}):
+        for t in (d for d in range(1, ranks + 1) if config.n_head % d == 0):
+            for count, m, n, k in layer_gemms(b, config.block_size, config.n_embd, config.n_head, t):
+                shapes.add((m * (count if count > 1 else 1), n, k))  # a batched GEMM as one of the same FLOPs
+    return sorted(shapes)
+
+
+def fit_serial_costs(predict_serial, n_layer: int, batch: int, k: int, measured: dict,
+                     bandwidth: float) -> tuple[float, float, float]:
+    """(layer overhead, step overhead, element-wise bandwidth) that make the serial predictions
+    equal to three measured steps: `measured["batch"]` (the batch at once), `measured["one"]` (one
+    sequence) and `measured["accumulated"]` (the batch in k micro-batches).
+
+    The batch and one sequence pay the same fixed costs, so their difference is work alone: it
+    fixes the bandwidth of element-wise work (bisected between 1/20 and 20 times the streamed
+    `bandwidth`: small arrays stay in cache). The k micro-batches pay k - 1 more layer passes per
+    layer, which fixes the overhead of a pass; what the batch's step has beyond its work and its
+    passes is the step's own overhead (the optimizer's Python, per parameter tensor)."""
+    def work(b: int, m: int, bw: float) -> float:
+        return predict_serial(b, m, 0.0, 0.0, bw)
+
+    low, high = bandwidth / 20, bandwidth * 20
+    for _ in range(40):
+        middle = (low * high) ** 0.5
+        if work(batch, 1, middle) - work(1, 1, middle) > measured["batch"] - measured["one"]:
+            low = middle   # too slow: more bandwidth
+        else:
+            high = middle
+    bw = (low * high) ** 0.5
+    if k > 1:
+        extra_passes = (k - 1) * n_layer
+        more_work = work(batch, k, bw) - work(batch, 1, bw)
+        overhead = (measured["accumulated"] - measured["batch"] - more_work) / extra_passes
+    else:
+        overhead = (measured["one"] - work(1, 1, bw)) / n_layer
+    overhead = max(0.0, overhead)
+    per_step = max(0.0, measured["batch"] - predict_serial(batch, 1, overhead, 0.0, bw))
+    return overhead, per_step, bw
