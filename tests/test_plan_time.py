@@ -258,3 +258,22 @@ def test_the_strategy_yardsticks_become_the_clusters_units():
     measured = time_strategy_overheads(small, microbatches=2, rounds=2)
     assert set(measured) == {"tp", "zero2", "zero3", "mesh"}
     assert all(math.isfinite(v) and abs(v) < 1.0 for v in measured.values())
+
+
+def test_two_measurements_of_the_yardsticks_keep_the_least_disturbed():
+    """bench plan measures its yardsticks before and after the layouts: every time the smaller, every
+    speed the larger, the strategies' costs (differences of times) their mean."""
+    from minidist.bench.plan import least_disturbed
+    first = {"serial": {"batch": 0.08, "one": 0.010}, "accumulated": 8, "peak": 1e11, "streamed": 3e10,
+             "gemms": [(1e6, 2e-5), (4e6, 5e-5)], "cores": 2, "all_reduce": [3e-5, 9e-5], "message": 2e-4,
+             "effective_cores": 1.8, "engine": 6e-5, "strategies": {"tp": 3e-4, "zero3": 1e-3}}
+    second = {**first, "serial": {"batch": 0.07, "one": 0.012}, "peak": 9e10, "streamed": 4e10,
+              "gemms": [(1e6, 3e-5), (4e6, 4e-5)], "all_reduce": [4e-5, 8e-5], "message": 1e-4,
+              "effective_cores": 1.9, "engine": 8e-5, "strategies": {"tp": 1e-4, "zero3": 2e-3}}
+    merged = least_disturbed(first, second)
+    assert merged["serial"] == {"batch": 0.07, "one": 0.010}
+    assert (merged["peak"], merged["streamed"], merged["effective_cores"]) == (1e11, 4e10, 1.9)
+    assert merged["gemms"] == [(1e6, 2e-5), (4e6, 4e-5)] and merged["all_reduce"] == [3e-5, 8e-5]
+    assert (merged["message"], merged["engine"]) == (1e-4, 6e-5)
+    assert merged["strategies"] == pytest.approx({"tp": 2e-4, "zero3": 1.5e-3})
+    assert least_disturbed({**first, "effective_cores": None}, {**second, "effective_cores": None})["effective_cores"] is None
