@@ -60,9 +60,10 @@ class Cluster:
     cores: float | None = None  # CPU cores the ranks share (None: a device each); with fewer cores than
                                 # ranks a step takes at least the ranks' busy time spread over the cores
     strategy_overhead: tuple = ()  # ((engine, s), ...): what a strategy's own bookkeeping adds beyond plain
-                                   # training, per layer pass and micro-batch ("tp", "zero2", "zero3") or per
-                                   # micro-batch ("mesh"); minidist's Python, measured on one rank where every
-                                   # message is free (bench plan); none on a GPU, whose queue hides the host
+                                   # training: per layer pass ("tp"), per unit and micro-batch ("zero2",
+                                   # "zero3"), per micro-batch ("mesh"); minidist's Python, measured on one rank
+                                   # where every message is free (bench plan); none on a GPU, whose queue
+                                   # hides the host
 
     def overhead(self, engine: str) -> float:
         """`strategy_overhead`'s seconds for `engine` (0 where not measured)."""
