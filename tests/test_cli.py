@@ -147,6 +147,7 @@ CASES = [  # (program, flag, arguments, ranks)
     (PLAN, "--ranks", ["--ranks", "1"], 1),
     (PLAN, "--ranks", ["--ranks", "7"], 1),
     (PLAN, "--steps", ["--steps", "1"], 1),
+    (PLAN, "--repeats", ["--repeats", "0"], 1),
     (PLAN, "--batch-size", ["--batch-size", "0"], 1),
     (PLAN, "--n-layer", ["--n-layer", "0"], 1),
     (PLAN, "--n-embd", ["--n-embd", "x"], 1),

@@ -143,7 +143,7 @@ def test_the_speed_a_user_can_check():
 def test_the_gemm_curve_is_fitted_back_from_its_own_points():
     """bench plan --calibrate fits (e, W½) to NumPy matmuls; on points drawn from a known curve it
     finds that curve again, and on this machine's matmuls it finds a curve that predicts them."""
-    from minidist.bench.yardsticks import fit_gemm_curve, layer_shapes, time_gemms
+    from minidist.bench._yardsticks import fit_gemm_curve, layer_shapes, time_gemms
     known = GemmCurve(peak_fraction=0.6, half_flops=3e6)
     points = [(w, known.seconds(w, 0, 1e11, 1e30)) for w in (1e5, 1e6, 1e7, 1e8, 1e9)]
     fitted = fit_gemm_curve(points, 1e11)
@@ -174,7 +174,7 @@ def test_ranks_sharing_cores_take_their_busy_time_over_the_cores():
 def test_three_serial_steps_fix_the_fixed_costs_and_the_elementwise_bandwidth():
     """bench plan's serial yardsticks: the batch at once, one sequence, the batch in 4 micro-batches,
     predicted with a known overhead per layer pass, per step and bandwidth, give all three back."""
-    from minidist.bench.yardsticks import fit_serial_costs
+    from minidist.bench._yardsticks import fit_serial_costs
 
     def serial(batch, microbatches, overhead, per_step, bandwidth):
         cluster = Cluster(1, 1, 1e12, flops=1e12, layer_overhead=overhead, step_overhead=per_step,
@@ -249,7 +249,7 @@ def test_a_strategys_own_bookkeeping_is_charged_per_layer_pass_unit_or_micro_bat
 def test_the_strategy_yardsticks_become_the_clusters_units():
     """bench plan's one-rank yardstick gives seconds per micro-batch; the cluster wants tp per layer
     pass and ZeRO per unit net of the gradient passes the planner already counts."""
-    from minidist.bench.yardsticks import strategy_overheads, time_strategy_overheads
+    from minidist.bench._yardsticks import strategy_overheads, time_strategy_overheads
     got = strategy_overheads({"tp": 8e-4, "zero2": 1e-3, "zero3": 2e-3, "mesh": -1e-5}, n_layer=4,
                              counted={"zero2": 5e-4, "zero3": 3e-3})
     assert got == pytest.approx({"tp": 2e-4, "zero2": 1e-4, "zero3": 0.0, "mesh": 0.0})

@@ -54,7 +54,7 @@ from minidist.core.data import make_task
 from minidist.core.model import GPTConfig
 from minidist.plan.search import candidate_layouts, plan
 from minidist.training.layout import Layout
-from minidist.bench.yardsticks import (effective_cores, fit_gemm_curve, fit_serial_costs, layer_shapes,
+from minidist.bench._yardsticks import (effective_cores, fit_gemm_curve, fit_serial_costs, layer_shapes,
                                        time_all_reduce, time_gemms, time_pipeline_engine, time_pipeline_message,
                                        strategy_overheads, time_strategy_overheads)
 from minidist.plan.hardware import measure_this_machine
@@ -132,7 +132,7 @@ def measure_yardsticks(config: GPTConfig, args) -> dict:
     `--ranks` ranks; a pipeline message's delay as its receiver notices it; the pipeline engine's
     own time after each forward and backward in a short pipeline run; with more ranks than cores,
     how many cores they effectively get; and each strategy's own bookkeeping on one rank. The
-    yardsticks themselves are in `yardsticks.py`."""
+    yardsticks themselves are in `_yardsticks.py`."""
     model_flags = ["--n-layer", str(config.n_layer), "--n-embd", str(config.n_embd), "--n-head", str(config.n_head),
                    "--block-size", str(config.block_size),
                    "--steps", str(max(args.steps, 10))]  # the least disturbed of nine

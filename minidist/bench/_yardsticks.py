@@ -7,7 +7,9 @@ work's costs (`fit_serial_costs`), minidist's all-reduce on the job's ranks (`ti
 how late a pipeline's receiver notices a message (`time_pipeline_message`), the pipeline engine's
 own time (`time_pipeline_engine`), how many cores ranks that share them get (`effective_cores`),
 and what each strategy's own bookkeeping adds to a micro-batch (`time_strategy_overheads`). The
-functions named `time_*` whose docstring says "rank program" run under `comm.launch.run`.
+functions named `time_*` whose docstring says "rank program" run under `comm.launch.run`. A helper
+of `plan.py`, not a benchmark of its own: hence the underscore (`python -m minidist.bench` lists
+the benchmarks).
 """
 from __future__ import annotations
 
