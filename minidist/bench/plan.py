@@ -58,6 +58,7 @@ from minidist.bench._yardsticks import (effective_cores, fit_gemm_curve, fit_ser
                                        time_all_reduce, time_gemms, time_pipeline_engine, time_pipeline_message,
                                        strategy_overheads, time_strategy_overheads)
 from minidist.plan.hardware import measure_this_machine
+from minidist.runtime import cores_available
 from minidist.plan.predict import Cluster, Workload, predict, rank_ledger
 from minidist.parallel.mesh import coordinates
 
@@ -145,7 +146,7 @@ def measure_yardsticks(config: GPTConfig, args) -> dict:
             raise RuntimeError(f"the serial yardstick failed: {why}")
         serial[name] = fastest_step(report)
     device = measure_this_machine()
-    n, cores = args.ranks, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    n, cores = args.ranks, cores_available()
     activation = args.batch_size * config.block_size * config.n_embd * 4  # the largest a pipeline sends
     return {"serial": serial, "accumulated": k, "peak": device.flops("fp32"), "streamed": device.memory_bandwidth,
             "gemms": time_gemms(layer_shapes(config, args.batch_size, n)), "cores": cores,
