@@ -231,6 +231,18 @@ def test_cli_table_and_json(tmp_path, capsys):
     assert best["rank"] == 1 and best["fits"] and set(best["memory"]) >= {"params", "grads", "optimizer", "activations"}
 
 
+def test_cli_state_bytes_are_a_frameworks_own(tmp_path, capsys):
+    """--state-bytes 2,2,16 (Megatron-LM's fp16 optimizer): the piles of a layout in those bytes."""
+    plain, megatron = tmp_path / "plain.json", tmp_path / "megatron.json"
+    assert main(["--gpus", "4", "--layout", "dp4", "--precision", "mixed", "--json", str(plain)]) == 0
+    assert main(["--gpus", "4", "--layout", "dp4", "--precision", "mixed", "--state-bytes", "2,2,16",
+                 "--json", str(megatron)]) == 0
+    (a,), (b,) = ([r["memory"] for r in json.loads(p.read_text())["layouts"] if r["name"] == "dp4"]
+                  for p in (plain, megatron))
+    assert a["params"] == b["params"] and a["grads"] == b["grads"]
+    assert b["optimizer"] == a["optimizer"] * 16 / 12  # the ZeRO paper's 12 bytes against Megatron-LM's 16
+
+
 def test_cli_ranks_sharing_cores(tmp_path, capsys):
     """--cores: 4 ranks on 2 cores; data parallelism takes twice its time, a pipeline with its ranks
     idle in the bubble keeps its critical path, and --explain shows the bound."""
@@ -251,6 +263,8 @@ def test_cli_ranks_sharing_cores(tmp_path, capsys):
     (["--gpus", "0"], "argument --gpus"),
     (["--gpus", "4", "--zero", "4"], "argument --zero"),
     (["--gpus", "4", "--memory", "-1"], "argument --memory"),
+    (["--gpus", "4", "--state-bytes", "2,2"], "--state-bytes needs three numbers"),
+    (["--gpus", "4", "--state-bytes", "2,0,16"], "argument --state-bytes"),
     ([], "--gpus"),
 ])
 def test_errors_are_one_line(argv, words, capsys):

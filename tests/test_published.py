@@ -54,6 +54,8 @@ def test_fields_are_in_range(r):
     assert r.tflops_per_gpu > 0 and (r.parameters is None or r.parameters > 0)
     assert r.micro_batch is None or r.micro_batch >= 1
     assert r.virtual_stages is None or r.virtual_stages >= 2
+    assert r.ddp in {"", "torch", "local"}
+    assert r.state_bytes is None or (len(r.state_bytes) == 3 and 16 <= sum(r.state_bytes) <= 20)
 
 
 @pytest.mark.parametrize("r", ALL_RUNS, ids=ids(ALL_RUNS))

@@ -25,16 +25,21 @@ from minidist.training.layout import Layout
 
 
 def workload_of(run: PublishedRun) -> Workload:
-    """The run's model and batch as the planner sees them. Megatron-LM 2021 all-reduced the
-    gradients after backward (no overlap); DeepSpeed's ZeRO-3 and Llama 3's FSDP overlap theirs.
-    Runs after 2022 (Llama 3) use FlashAttention, which never stores the s x s scores."""
+    """The run's model and batch as the planner sees them. Megatron-LM 2021's own data parallelism
+    all-reduced the gradients after backward (no overlap); PyTorch's DDP (Table 1's smaller models),
+    DeepSpeed's ZeRO-3 and Llama 3's FSDP overlap theirs, and PyTorch's DDP keeps its buckets as a
+    second copy of the gradients. The model states are the bytes the run's framework keeps
+    (`state_bytes`: Megatron-LM's fp16 optimizer 20 per parameter) where documented. Runs after 2022
+    (Llama 3) use FlashAttention, which never stores the s x s scores."""
     config = GPTConfig(vocab_size=run.vocab_size, block_size=run.seq, n_layer=run.n_layer, n_head=run.n_head,
                        n_embd=run.n_embd)
     modern = run.name.startswith("Llama")
+    torch_ddp = run.ddp == "torch"
     return Workload(config, run.global_batch, run.seq, "mixed", "megatron",
                     recompute=run.recompute in ("full", "selective", "unknown"),
-                    sequence_parallel=run.sequence_parallel or modern, overlap=run.zero >= 2 or modern,
-                    pad_vocab=True, flash_attention=modern)
+                    sequence_parallel=run.sequence_parallel or modern, overlap=run.zero >= 2 or modern or torch_ddp,
+                    pad_vocab=True, flash_attention=modern, state_bytes=run.state_bytes,
+                    gradient_copies=2 if torch_ddp else 1)
 
 
 def cluster_of(run: PublishedRun) -> Cluster:
@@ -43,11 +48,14 @@ def cluster_of(run: PublishedRun) -> Cluster:
 
 def stated_layout(run: PublishedRun) -> Layout:
     """The run's layout as a minidist Layout: its micro-batch where stated (else one sequence, as
-    Megatron-LM's runs used), ZeRO-2 with a pipeline as ZeRO-1 (minidist refuses the first)."""
+    Megatron-LM's runs used), its interleaved schedule where the chunks are stated (else 1F1B),
+    ZeRO-2 with a pipeline as ZeRO-1 (minidist refuses the first)."""
     b = run.micro_batch or 1
     zero = min(run.zero, 1) if run.pp > 1 else run.zero
+    interleaved = run.pp > 1 and run.virtual_stages
+    schedule = "interleaved" if interleaved else "1f1b" if run.pp > 1 else None
     return Layout(dp=run.dp, tp=run.tp, pp=run.pp, zero=zero, microbatches=run.global_batch // (run.dp * b),
-                  schedule="1f1b" if run.pp > 1 else None)
+                  schedule=schedule, virtual_stages=run.virtual_stages if interleaved else 1)
 
 
 def measured_kind(run: PublishedRun) -> str:
@@ -82,13 +90,13 @@ def compare(run: PublishedRun, search: bool = True, schedules=("1f1b", "interlea
 
 def table(runs=ALL_RUNS, search: bool = True) -> str:
     """The comparison as text, one run a line (the runs minidist cannot express are left out)."""
-    lines = [f"{'run':<48}{'layout':<30}{'measured':>9}{'predicted':>10}{'error':>7}"
+    lines = [f"{'run':<48}{'layout':<36}{'measured':>9}{'predicted':>10}{'error':>7}"
              + (f"  {'planner best':<36}{'tp':>3}{'theirs slower':>14}" if search else "")]
     for run in runs:
         if run.context_parallel > 1:
             continue  # context parallelism is not in the planner's search
         c = compare(run, search)
-        line = f"{c['name']:<48}{c['layout']:<30}{c['measured']:>9.0f}{c['predicted']:>10.0f}{c['error']:>+7.0%}"
+        line = f"{c['name']:<48}{c['layout']:<36}{c['measured']:>9.0f}{c['predicted']:>10.0f}{c['error']:>+7.0%}"
         if search:
             slower = "-" if c["slower_than_best"] is None else f"{c['slower_than_best']:+.1%}"
             line += f"  {c['best']:<36}{c['best_tp']:>3}{slower:>14}"

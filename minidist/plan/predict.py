@@ -24,7 +24,7 @@ from minidist.plan.step_time import (all_reduce_seconds, data_parallel_seconds, 
                                      gradient_passes_seconds, group_span, half_seconds, optimizer_seconds, pipeline_estimate, pipeline_seconds, pp_messages,
                                      stage_costs, strategy_overhead_seconds, tp_calls)
 from minidist.plan.workload import (ACTIVATION_BYTES, STATE_BYTES, Cluster, GemmCurve, Workload,  # noqa: F401
-                                    chunk_layers, config_for, padded_vocab)
+                                    bytes_per_param, chunk_layers, config_for, padded_vocab)
 from minidist.training.layout import Layout
 
 
@@ -50,7 +50,7 @@ def predict(w: Workload, layout: Layout, cluster: Cluster, simulate: bool = True
 
     embedding = 0.0
     if p > 1 and w.config.tie_weights:  # the tied embedding's two copies add their gradients once a step
-        embedding = config_for(w, t).vocab_size * w.config.n_embd // t * STATE_BYTES[w.precision][1]
+        embedding = config_for(w, t).vocab_size * w.config.n_embd // t * bytes_per_param(w)[1]
     embedding_time = all_reduce_seconds(embedding, "embedding", layout, cluster) if embedding else 0.0
 
     params = max(sum(rank_units(config_for(w, t), t, p, s, v)) for s in {0, p - 1})

@@ -27,6 +27,12 @@ How to read a record:
 - `global_batch` is in sequences of `seq` tokens. Where a run ramped its batch up, it is the
   batch at which the throughput was measured.
 - `micro_batch` and `virtual_stages` are None where the source does not state them.
+- `state_bytes` is (params, grads, optimizer) bytes per parameter where the run's framework
+  documents what it keeps (Megatron-LM's fp16 optimizer: 2 + 2 + 16, its fp32 copy of the
+  gradients with the optimizer's piles); None means the ZeRO paper's 2 + 2 + 12.
+- `ddp` is how the data-parallel gradients were averaged where stated: "torch" (PyTorch's DDP,
+  during backward, its buckets a second copy of the gradients) or "local" (Megatron-LM's own,
+  after backward); "" where the source does not say.
 - `zero`: 0 none, 1 ZeRO-1 / distributed optimizer (optimizer states sharded over data-parallel
   ranks), 2 optimizer states and gradients sharded, 3 ZeRO-3 / FSDP full shard (parameters too).
 - `vocab_size` is the size the source gives; the planner pads it as Megatron does.
@@ -63,6 +69,8 @@ class PublishedRun:
     tflops_per_gpu: float         # achieved, as the source reports it
     parameters: float | None      # as the source states it (e.g. 1.7e9)
     notes: str = ""
+    state_bytes: tuple | None = None  # (params, grads, optimizer) bytes per parameter, where documented
+    ddp: str = ""                     # "torch", "local" or "" (not stated)
 
 
 # ----------------------------------------------------------------------------- Narayanan et al. 2021
@@ -71,37 +79,49 @@ NARAYANAN_2021 = ("D. Narayanan, M. Shoeybi, J. Casper, P. LeGresley, M. Patwary
                   "P. Kashinkunti, J. Bernauer, B. Catanzaro, A. Phanishayee, M. Zaharia, \"Efficient Large-Scale "
                   "Language Model Training on GPU Clusters Using Megatron-LM\", SC21, arXiv:2104.04473")
 
-_T1_NOTES = ("Selene, DGX A100 nodes (8 x A100 80GB, NVLink/NVSwitch, 8 x 200 Gb/s HDR InfiniBand). Mixed "
-             "precision; interleaved pipeline schedule with the scatter/gather optimization (chunks per device "
-             "not stated); throughput is end to end (data loading, optimizer, communication, logging). FLOPs "
-             "from the paper's eq. (3), which assumes activation recomputation. Microbatch size not stated.")
+_T1_SCRIPT = ("the authors' run script for Table 1, github.com/NVIDIA/Megatron-LM "
+              "examples/academic_paper_scripts/sc21/run_table_1.sh with CONFIG.sh (Megatron-LM commit 6985e58)")
+# Megatron-LM's fp16 optimizer without the distributed optimizer: 20 bytes per parameter, fp16
+# parameters and gradients (2 + 2) and, for the step, fp32 main parameters, Adam's two moments and
+# an fp32 copy of the gradients (16): Megatron Core developer guide, "Distributed Optimizer".
+MEGATRON_FP16_STATE_BYTES = (2, 2, 16)
+
+_T1_NOTES = ("Selene, DGX A100 nodes (8 x A100 80GB, NVLink/NVSwitch, 8 x 200 Gb/s HDR InfiniBand). fp16 "
+             "(--fp16) with full recomputation (--activations-checkpoint-method uniform); micro-batch size, "
+             "chunks per device of the interleaved schedule (--num-layers-per-virtual-pipeline-stage) and the "
+             "data-parallel implementation (--DDP-impl torch up to 18.4B, local above) from " + _T1_SCRIPT + ". "
+             "Throughput is end to end (data loading, optimizer, communication, logging). FLOPs from the "
+             "paper's eq. (3), which assumes activation recomputation.")
 
 
-def _table_1(params_b, heads, hidden, layers, tp, pp, dp, gpus, batch, tflops):
+def _table_1(params_b, heads, hidden, layers, tp, pp, dp, gpus, batch, tflops, micro_batch, chunks, ddp):
     return PublishedRun(
-        name=f"Narayanan 2021 Table 1, {params_b}B", source=f"{NARAYANAN_2021}, Table 1 and §5.1",
+        name=f"Narayanan 2021 Table 1, {params_b}B", source=f"{NARAYANAN_2021}, Table 1 and §5.1; {_T1_SCRIPT}",
         device="a100-80gb", gpus=gpus, gpus_per_node=8,
         n_layer=layers, n_embd=hidden, n_head=heads, vocab_size=51200, seq=2048,
-        global_batch=batch, tp=tp, pp=pp, dp=dp, micro_batch=None, zero=0,
-        virtual_stages=None, sequence_parallel=False, context_parallel=1, recompute="full", precision="mixed",
-        tflops_per_gpu=float(tflops), parameters=params_b * 1e9, notes=_T1_NOTES)
+        global_batch=batch, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, zero=0,
+        virtual_stages=chunks, sequence_parallel=False, context_parallel=1, recompute="full", precision="mixed",
+        tflops_per_gpu=float(tflops), parameters=params_b * 1e9, notes=_T1_NOTES,
+        state_bytes=MEGATRON_FP16_STATE_BYTES, ddp=ddp)
 
 
 # Table 1: weak scaling, 1.7B to 1T parameters. Columns as in the paper: parameters (billion),
 # attention heads, hidden size, layers, tensor-parallel size, pipeline-parallel size, then the
 # data-parallel size (not printed in the table: GPUs / (tp * pp)), then GPUs, batch size and
-# achieved teraFLOP/s per GPU. Vocabulary 51,200, sequence 2048 (§5.1).
+# achieved teraFLOP/s per GPU. Vocabulary 51,200, sequence 2048 (§5.1). The last three from the
+# authors' run script: micro-batch size, model chunks per pipeline rank (its layers per stage over
+# --num-layers-per-virtual-pipeline-stage; None: plain 1F1B) and --DDP-impl.
 NARAYANAN_TABLE_1: tuple[PublishedRun, ...] = (
-    _table_1(1.7, 24, 2304, 24, 1, 1, 32, 32, 512, 137),
-    _table_1(3.6, 32, 3072, 30, 2, 1, 32, 64, 512, 138),
-    _table_1(7.5, 32, 4096, 36, 4, 1, 32, 128, 512, 142),
-    _table_1(18.4, 48, 6144, 40, 8, 1, 32, 256, 1024, 135),
-    _table_1(39.1, 64, 8192, 48, 8, 2, 32, 512, 1536, 138),
-    _table_1(76.1, 80, 10240, 60, 8, 4, 32, 1024, 1792, 140),
-    _table_1(145.6, 96, 12288, 80, 8, 8, 24, 1536, 2304, 148),
-    _table_1(310.1, 128, 16384, 96, 8, 16, 15, 1920, 2160, 155),
-    _table_1(529.6, 128, 20480, 105, 8, 35, 9, 2520, 2520, 163),
-    _table_1(1008.0, 160, 25600, 128, 8, 64, 6, 3072, 3072, 163),
+    _table_1(1.7, 24, 2304, 24, 1, 1, 32, 32, 512, 137, 16, None, "torch"),
+    _table_1(3.6, 32, 3072, 30, 2, 1, 32, 64, 512, 138, 16, None, "torch"),
+    _table_1(7.5, 32, 4096, 36, 4, 1, 32, 128, 512, 142, 16, None, "torch"),
+    _table_1(18.4, 48, 6144, 40, 8, 1, 32, 256, 1024, 135, 8, None, "torch"),
+    _table_1(39.1, 64, 8192, 48, 8, 2, 32, 512, 1536, 138, 4, None, "local"),
+    _table_1(76.1, 80, 10240, 60, 8, 4, 32, 1024, 1792, 140, 2, 3, "local"),
+    _table_1(145.6, 96, 12288, 80, 8, 8, 24, 1536, 2304, 148, 2, 2, "local"),
+    _table_1(310.1, 128, 16384, 96, 8, 16, 15, 1920, 2160, 155, 1, 2, "local"),
+    _table_1(529.6, 128, 20480, 105, 8, 35, 9, 2520, 2520, 163, 1, 3, "local"),
+    _table_1(1008.0, 160, 25600, 128, 8, 64, 6, 3072, 3072, 163, 1, None, "local"),
 )
 
 # Table 1's last two columns, keyed by run name: percentage of the A100's 312 teraFLOP/s 16-bit
@@ -135,7 +155,7 @@ A100_PEAK_TFLOPS_16BIT = 312.0   # Narayanan et al. §5: "peak device throughput
 # Table 2: PTD parallelism against ZeRO-3 without model parallelism, same global batch as the GPU
 # count grows. GPT-3 175B is 96 layers, hidden 12288, 96 heads (§5.3.2; 174.6B with V=51,200);
 # the 530B model is Table 1's 529.6B row (105 layers, hidden 20480, 128 heads).
-_T2_COMMON = ("Same cluster and code as Table 1 (A100 80GB, mixed precision, FLOPs from eq. (3), which assumes "
+_T2_COMMON = ("Same cluster and code as Table 1 (A100 80GB, fp16 mixed precision, FLOPs from eq. (3), which assumes "
               "activation recomputation). ZeRO from the DeepSpeed library, integrated into Megatron-LM (§5.2).")
 _GPT3 = {"n_layer": 96, "n_embd": 12288, "n_head": 96, "parameters": 174.6e9}
 _MT530 = {"n_layer": 105, "n_embd": 20480, "n_head": 128, "parameters": 529.6e9}
@@ -149,7 +169,8 @@ def _table_2(model, scheme, gpus, batch, micro_batch, tflops, tp, pp, dp, notes=
         device="a100-80gb", gpus=gpus, gpus_per_node=8, vocab_size=51200, seq=2048,
         global_batch=batch, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, zero=3 if zero3 else 0,
         virtual_stages=None, sequence_parallel=False, context_parallel=1, recompute="full", precision="mixed",
-        tflops_per_gpu=float(tflops), notes=f"{_T2_COMMON} {notes}".strip(), **model)
+        tflops_per_gpu=float(tflops), notes=f"{_T2_COMMON} {notes}".strip(),
+        state_bytes=None if zero3 else MEGATRON_FP16_STATE_BYTES, **model)  # ZeRO-3: DeepSpeed's 2 + 2 + 12
 
 
 _PTDP_175 = ("Table 2 states only the model-parallel size, 96; the split tp 8 x pp 12 is inferred from the "

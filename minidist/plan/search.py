@@ -48,7 +48,7 @@ from minidist.plan.memory import format_bytes
 from minidist.core.model import GPTConfig
 from minidist.training.layout import Layout
 from minidist.plan.hardware import PRESETS as PRESET_DEVICES, device_table, load_device
-from minidist.plan.predict import STATE_BYTES, Cluster, Workload, predict
+from minidist.plan.predict import STATE_BYTES, Cluster, Workload, bytes_per_param, predict
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
@@ -205,6 +205,9 @@ def build_parser():
     p.add_argument("--global-batch", type=positive, help="sequences per step (default: the preset's)")
     p.add_argument("--precision", choices=sorted(STATE_BYTES),
                    help="fp32: 4+4+8 bytes per parameter (as minidist runs); mixed: 2+2+12 (default: the preset's)")
+    p.add_argument("--state-bytes", type=cli.listof(cli.number(0, lo_open=True)), metavar="P,G,K",
+                   help="bytes per parameter of the parameters, gradients and optimizer as a framework keeps them, "
+                        "e.g. 2,2,16 for Megatron-LM's fp16 optimizer (default: the precision's)")
     p.add_argument("--activations", choices=["minidist", "megatron"],
                    help="activation count: minidist's own, or Korthikanti et al. 2022 (default: minidist for "
                         "fp32/fp64, megatron for mixed)")
@@ -229,11 +232,14 @@ def setup(args) -> tuple[Workload, Cluster]:
     if fields["n_embd"] % fields["n_head"]:
         raise ValueError(f"--n-embd {fields['n_embd']} is not divisible by --n-head {fields['n_head']}")
     config = GPTConfig(**fields)
+    if args.state_bytes is not None and len(args.state_bytes) != 3:
+        raise ValueError(f"--state-bytes needs three numbers, parameters, gradients and optimizer, got {len(args.state_bytes)}")
     precision = args.precision or precision
     activations = args.activations or ("megatron" if precision == "mixed" else "minidist")
     workload = Workload(config, args.global_batch or batch, config.block_size, precision, activations,
                         args.recompute, args.sequence_parallel, not args.no_overlap,
-                        pad if args.pad_vocab is None else args.pad_vocab)
+                        pad if args.pad_vocab is None else args.pad_vocab,
+                        state_bytes=tuple(args.state_bytes) if args.state_bytes else None)
     device = load_device(args.device)
     changes = {field: getattr(args, flag) * scale for flag, field, scale in (
         ("gpus_per_node", "gpus_per_node", 1), ("memory", "memory", 1e9), ("intra_bw", "intra_bandwidth", 1e9),
@@ -322,7 +328,9 @@ def main(argv=None) -> int:
     how = "".join(f", {word}" for word, on in (("recompute", workload.recompute),
                                                 ("sequence parallel", workload.sequence_parallel)) if on)
     print(f"GPT {c.n_layer} x {c.n_embd} ({c.n_head} heads, vocab {c.vocab_size}, seq {workload.seq}), "
-          f"global batch {workload.global_batch}, {workload.precision}, activations: {workload.activations}{how}; "
+          f"global batch {workload.global_batch}, {workload.precision} "
+          f"({'+'.join(f'{b:g}' for b in bytes_per_param(workload))} bytes per parameter), "
+          f"activations: {workload.activations}{how}; "
           f"{cluster.gpus} devices ({nodes} node{'s' * (nodes > 1)} of {cluster.gpus_per_node}, "
           f"{format_bytes(cluster.memory)} each"
           + (f", sharing {cluster.cores:g} cores" if cluster.cores and cluster.cores < cluster.gpus else "")

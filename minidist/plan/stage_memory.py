@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from minidist.parallel.mesh import coordinates
 from minidist.plan.memory import layer_activation_elements, megatron_activation_bytes
-from minidist.plan.workload import ACTIVATION_BYTES, STATE_BYTES, Workload, chunk_layers, config_for, padded_vocab
+from minidist.plan.workload import ACTIVATION_BYTES, Workload, bytes_per_param, chunk_layers, config_for, padded_vocab
 from minidist.training.layout import Layout
 
 
@@ -170,8 +170,9 @@ def stage_ledger(w: Workload, layout: Layout, stage: int) -> dict:
     transient (ZeRO-2: a unit's full gradients and its flat bucket; ZeRO-3 also the gathered root
     and block), and peak, their sum (as `memory.ledger` adds them)."""
     units = rank_units(config_for(w, layout.tp), layout.tp, layout.pp, stage, layout.virtual_stages)
-    ledger = state_bytes(units, layout.dp, layout.zero, STATE_BYTES[w.precision])
-    p, g, _ = STATE_BYTES[w.precision]
+    ledger = state_bytes(units, layout.dp, layout.zero, bytes_per_param(w))
+    ledger["grads"] *= w.gradient_copies
+    p, g, _ = bytes_per_param(w)
     ledger["activations"] = stage_activation_bytes(w, layout, stage)
     largest = max(units)
     ledger["transient"] = (2 * g * largest if layout.zero >= 2 else 0) + \

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from minidist.comm import cost
 from minidist.parallel import schedules as S
 from minidist.plan.stage_memory import layer_activation_bytes
-from minidist.plan.workload import ACTIVATION_BYTES, STATE_BYTES, Cluster, Workload, chunk_layers, padded_vocab
+from minidist.plan.workload import ACTIVATION_BYTES, Cluster, Workload, bytes_per_param, chunk_layers, padded_vocab
 from minidist.training.layout import Layout
 
 
@@ -250,7 +250,7 @@ def gradient_passes_seconds(w, layout: Layout, cluster, params: float) -> float:
     if not w.gradient_passes:
         return 0.0
     d, z, m = layout.dp, layout.zero, layout.microbatches
-    p_bytes, g_bytes, _ = STATE_BYTES[w.precision]
+    p_bytes, g_bytes, _ = bytes_per_param(w)
     grads = params * g_bytes
     if z >= 2:
         moved = m * (2 * grads + 3 * grads / d)
@@ -272,7 +272,7 @@ def data_parallel_seconds(w, layout: Layout, cluster: Cluster, params: float, la
     d, z, m = layout.dp, layout.zero, layout.microbatches
     if d == 1:
         return 0.0, 0.0
-    p_bytes, g_bytes, _ = STATE_BYTES[w.precision]
+    p_bytes, g_bytes, _ = bytes_per_param(w)
     grads, weights = params * g_bytes, params * p_bytes
     ring = (d - 1) / d
     ar = all_reduce_seconds(grads, "dp", layout, cluster)

@@ -101,6 +101,16 @@ class Workload:
     flash_attention: bool = False  # attention without storing its s x s scores (Dao et al. 2022; after 2022)
     gradient_passes: bool = False  # count the gradients' own memory passes (adding micro-batches, ZeRO-2/3's
                                    # buckets), as minidist's engine makes them; fused GPU kernels mostly do not
+    state_bytes: tuple | None = None  # (params, grads, optimizer) bytes per parameter where a framework keeps
+                                      # other than STATE_BYTES[precision]: Megatron-LM's fp16 optimizer 2 + 2 + 16
+    gradient_copies: int = 1       # copies of the gradients a rank holds: 2 under PyTorch's DDP when its
+                                   # buckets copy them (gradient_as_bucket_view off, its default)
+
+
+def bytes_per_param(w: Workload) -> tuple:
+    """(params, grads, optimizer) bytes per parameter of workload `w`: its framework's, where given,
+    else its precision's (the ZeRO paper's 2 + 2 + 12 for mixed precision)."""
+    return w.state_bytes or STATE_BYTES[w.precision]
 
 
 @functools.lru_cache(maxsize=4096)
