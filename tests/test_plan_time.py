@@ -55,11 +55,30 @@ def test_a_stage_costs_its_gemms_elementwise_work_and_all_reduces():
     head, _ = gemms_seconds([(1, 64, 256, 64)], cluster, 4)
     assert last.gemm == pytest.approx(first.gemm + head)  # the last stage also runs the head
     assert first.forward == pytest.approx(first.gemm + first.elementwise + first.tp / 2 + first.message)
-    assert first.backward == pytest.approx(2 * (first.gemm + first.elementwise) + first.tp / 2 + first.message)
+    # the first stage sends no gradient back, the last no activation on: one message each per micro-batch
+    assert first.backward == pytest.approx(2 * (first.gemm + first.elementwise) + first.tp / 2)
+    assert last.forward == pytest.approx(last.gemm + last.elementwise + last.tp / 2)
+    assert last.backward == pytest.approx(2 * (last.gemm + last.elementwise) + last.tp / 2 + last.message)
+    assert first.parts()["pp"] == last.parts()["pp"] == pytest.approx(first.message)
     again = StageCost(1.0, 0.5, 0.2, True)  # recomputation runs the forward once more inside backward
     assert again.backward == pytest.approx(2 * 1.5 + 0.1 + 1.5 + 0.1)
     assert again.parts() == {"compute": pytest.approx(6.0), "tp": pytest.approx(0.3), "pp": 0.0,
                              "total": pytest.approx(again.forward + again.backward)}
+
+
+@pytest.mark.parametrize("schedule, p, v", [("1f1b", 2, 1), ("gpipe", 3, 1), ("1f1b", 4, 1), ("interleaved", 2, 2),
+                                          ("interleaved", 4, 2)])
+def test_each_stage_pays_for_the_messages_its_schedule_sends(schedule, p, v):
+    """The messages a rank is charged per step are the sends in its instruction list."""
+    w = Workload(GPTConfig(vocab_size=64, block_size=16, n_layer=8, n_head=2, n_embd=32), 8, 16, "fp32", "minidist")
+    m = 4
+    layout = Layout(pp=p, microbatches=m, schedule=schedule, virtual_stages=v)
+    costs = stage_costs(w, layout, Cluster(p, p, 1e12, **LINKS), 2)
+    for rank, plan in enumerate(S.all_ranks(schedule, p, m, v)):
+        sends = sum(ins.kind in (S.SEND_ACT, S.SEND_GRAD) for ins in plan)
+        charged = m * sum(c.sends_forward + c.sends_backward for c in costs[rank])
+        assert charged == sends, (rank, charged, sends)
+        assert m * sum(c.parts()["pp"] for c in costs[rank]) == pytest.approx(sends * costs[rank][0].message)
 
 
 @pytest.mark.parametrize("schedule, v", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2)])

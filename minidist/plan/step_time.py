@@ -133,27 +133,36 @@ def gemms_seconds(gemms, cluster, itemsize: int) -> tuple[float, float]:
 @dataclass(frozen=True)
 class StageCost:
     """One pipeline chunk's cost per micro-batch (s): forward and backward, each split into
-    matrix work, element-wise work and tensor-parallel all-reduces, plus its one message out."""
+    matrix work, element-wise work and tensor-parallel all-reduces, plus the message each sends:
+    its activation on after forward, its gradient back after backward (the pipeline's first chunk
+    has no gradient to send back, its last no activation to send on), and the engine's own time
+    after each."""
     gemm: float         # the forward's GEMMs (backward: twice)
     elementwise: float  # the forward's element-wise work (backward: twice)
     tp: float           # all four all-reduces, two forward and two backward
     recompute: bool     # backward first runs the forward again
     message: float = 0.0
+    sends_forward: bool = True   # False for the pipeline's last chunk
+    sends_backward: bool = True  # False for its first
+    engine: float = 0.0          # the pipeline engine's time after each forward and backward
 
     @property
     def forward(self) -> float:
-        return self.gemm + self.elementwise + self.tp / 2 + self.message
+        return self.gemm + self.elementwise + self.tp / 2 + self.message * self.sends_forward + self.engine
 
     @property
     def backward(self) -> float:
         again = (self.gemm + self.elementwise + self.tp / 2) if self.recompute else 0.0
-        return 2 * (self.gemm + self.elementwise) + self.tp / 2 + again + self.message
+        return 2 * (self.gemm + self.elementwise) + self.tp / 2 + again + self.message * self.sends_backward + \
+            self.engine
 
     def parts(self) -> dict:
-        """Forward plus backward by kind: compute, tp, pp (the messages) and their total."""
+        """Forward plus backward by kind: compute, tp, pp (the messages and the engine around them)
+        and their total."""
         runs = 3 + self.recompute  # forward, backward (2), the recomputed forward
         return {"compute": runs * (self.gemm + self.elementwise), "tp": self.tp * (1 + self.recompute / 2),
-                "pp": 2 * self.message, "total": self.forward + self.backward}
+                "pp": self.message * (self.sends_forward + self.sends_backward) + 2 * self.engine,
+                "total": self.forward + self.backward}
 
 
 @functools.lru_cache(maxsize=65536)
@@ -200,21 +209,21 @@ def stage_costs(w, layout: Layout, cluster, b: int) -> tuple:
     tp = 2 * calls * all_reduce_seconds(b * s * h * item, "tp", layout, cluster)  # two forward, two backward
     head_gemm, _ = gemms_seconds([(1, b * s, vocab // t, h)], cluster, item)
     head_elementwise = 4 * b * s * vocab // t * 4 / cluster.memory_bandwidth  # fp32 logits: softmax, loss, grad
-    message = 0.0
+    message = engine = 0.0
     if p > 1:
         _, _, nodes = group_span("pp", layout.dp, t, p, cluster.gpus_per_node)
         alpha, beta = cluster.link(nodes == 1)
         alpha = cluster.p2p_latency if cluster.p2p_latency is not None else alpha
         message = alpha + b * s * h * item / (t if w.sequence_parallel else 1) * beta
-        message += cluster.engine_overhead  # the engine's own time around it, idle as a run measures it
+        engine = cluster.engine_overhead  # the engine's own time after each pass, idle as a run measures it
     per_rank = []
     for rank in range(p):
         chunks = []
         for chunk, (start, end) in enumerate(chunk_layers(c.n_layer, p, rank, v)):
             layers = end - start
-            last = chunk * p + rank == p * v - 1
+            first, last = chunk * p + rank == 0, chunk * p + rank == p * v - 1
             chunks.append(StageCost(layers * gemm + last * head_gemm, layers * elementwise + last * head_elementwise,
-                                    layers * tp, w.recompute, message))
+                                    layers * tp, w.recompute, message, not last, not first, engine))
         per_rank.append(tuple(chunks))
     return tuple(per_rank)
 
