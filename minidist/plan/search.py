@@ -233,7 +233,8 @@ def setup(args) -> tuple[Workload, Cluster]:
         raise ValueError(f"--n-embd {fields['n_embd']} is not divisible by --n-head {fields['n_head']}")
     config = GPTConfig(**fields)
     if args.state_bytes is not None and len(args.state_bytes) != 3:
-        raise ValueError(f"--state-bytes needs three numbers, parameters, gradients and optimizer, got {len(args.state_bytes)}")
+        raise ValueError(f"--state-bytes needs three numbers (parameters, gradients, optimizer), "
+                         f"got {len(args.state_bytes)}")
     precision = args.precision or precision
     activations = args.activations or ("megatron" if precision == "mixed" else "minidist")
     workload = Workload(config, args.global_batch or batch, config.block_size, precision, activations,
