@@ -130,7 +130,7 @@ def measure_yardsticks(config: GPTConfig, args) -> dict:
     This CPU as a device (`hardware.measure_this_machine`: its best matmul FLOP/s and its memory
     bandwidth); NumPy matmuls of the shapes the model runs (for the GEMM curve); three serial steps
     (the global batch, one sequence, the batch in 8 micro-batches); minidist's all-reduce timed on
-    `--ranks` ranks; a pipeline message's delay as its receiver notices it; the pipeline engine's
+    `--ranks` ranks (each size's fastest of `ALL_REDUCE_JOBS` jobs); a pipeline message's delay as its receiver notices it; the pipeline engine's
     own time after each forward and backward in a short pipeline run; with more ranks than cores,
     how many cores they effectively get; and each strategy's own bookkeeping on one rank. The
     yardsticks themselves are in `_yardsticks.py`."""
@@ -148,9 +148,10 @@ def measure_yardsticks(config: GPTConfig, args) -> dict:
     device = measure_this_machine()
     n, cores = args.ranks, cores_available()
     activation = args.batch_size * config.block_size * config.n_embd * 4  # the largest a pipeline sends
+    all_reduces = [run(time_all_reduce, n, ALL_REDUCE_SIZES, timeout=args.timeout)[0] for _ in range(ALL_REDUCE_JOBS)]
     return {"serial": serial, "accumulated": k, "peak": device.flops("fp32"), "streamed": device.memory_bandwidth,
             "gemms": time_gemms(layer_shapes(config, args.batch_size, n)), "cores": cores,
-            "all_reduce": run(time_all_reduce, n, ALL_REDUCE_SIZES, timeout=args.timeout)[0],
+            "all_reduce": [min(times) for times in zip(*all_reduces)],
             "message": float(np.median(run(time_pipeline_message, n, activation, timeout=args.timeout)[0])),
             "effective_cores": effective_cores(config, args.batch_size, n, args.timeout) if cores < n else None,
             "engine": run(time_pipeline_engine, min(n, config.n_layer), config, args.batch_size,
@@ -237,6 +238,9 @@ def calibrate(config: GPTConfig, args) -> tuple[Cluster, dict]:
 
 
 ALL_REDUCE_SIZES = [1 << 12, 1 << 15, 1 << 18, 1 << 20, 1 << 22]  # bytes
+ALL_REDUCE_JOBS = 3  # jobs timing them, each size's fastest kept: with more ranks than cores, a job's back-to-back
+                     # all-reduces settle into a slow pace or a fast one (here 4 KB: ~300 or ~130 us), the
+                     # training steps' into the fast one
 ACCUMULATED = 8  # micro-batches of the third serial yardstick (fewer where the batch does not divide):
                  # many, so that the passes they add stand well above a step's noise
 
