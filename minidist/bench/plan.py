@@ -130,10 +130,10 @@ def measure_yardsticks(config: GPTConfig, args) -> dict:
     This CPU as a device (`hardware.measure_this_machine`: its best matmul FLOP/s and its memory
     bandwidth); NumPy matmuls of the shapes the model runs (for the GEMM curve); three serial steps
     (the global batch, one sequence, the batch in 8 micro-batches); minidist's all-reduce timed on
-    `--ranks` ranks (each size's fastest of `ALL_REDUCE_JOBS` jobs); a pipeline message's delay as its receiver notices it; the pipeline engine's
-    own time after each forward and backward in a short pipeline run; with more ranks than cores,
-    how many cores they effectively get; and each strategy's own bookkeeping on one rank. The
-    yardsticks themselves are in `_yardsticks.py`."""
+    `--ranks` ranks (each size's fastest of `ALL_REDUCE_JOBS` jobs); a pipeline message's delay as
+    its receiver notices it; the pipeline engine's own time after each forward and backward in a
+    short pipeline run; with more ranks than cores, how many cores they effectively get; and each
+    strategy's own bookkeeping on one rank. The yardsticks themselves are in `_yardsticks.py`."""
     model_flags = ["--n-layer", str(config.n_layer), "--n-embd", str(config.n_embd), "--n-head", str(config.n_head),
                    "--block-size", str(config.block_size),
                    "--steps", str(max(args.steps, 10))]  # the least disturbed of nine
