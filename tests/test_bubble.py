@@ -62,3 +62,15 @@ def test_engine_time_is_the_gap_to_the_next_event_and_none_after_the_last():
     assert costs[1, 0, 0, 0].tolist() == pytest.approx([1.0, 0.2])
     assert costs[1, 0, 1, 0].tolist() == pytest.approx([0.9, 0.0])
     assert not costs[0].any()
+
+
+def test_the_pipeline_yardsticks_on_a_real_two_rank_run():
+    """bench plan's engine yardstick under mpiexec: the engine's gap after a pass is short, the time
+    from the drain to the step's end (the tied embedding's exchange, the norm's all-reduce, AdamW,
+    the report) longer, and both are positive and well under a second on this tiny model."""
+    from minidist.bench._yardsticks import time_pipeline_engine
+    from minidist.comm.launch import run
+    from minidist.core.model import GPTConfig
+    config = GPTConfig(vocab_size=256, block_size=16, n_layer=2, n_head=2, n_embd=32)
+    engine, drain = run(time_pipeline_engine, 2, config, 4, 2, 3, timeout=120)[0]
+    assert 0.0 < engine < drain < 1.0

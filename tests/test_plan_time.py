@@ -240,6 +240,30 @@ def test_the_pipeline_engines_own_time_counts_as_idle():
     assert predict(w, Layout(dp=2), engine)["step_seconds"] == predict(w, Layout(dp=2), plain)["step_seconds"]
 
 
+def test_a_pipelines_end_waits_for_idle_ranks_on_its_critical_path_only():
+    """Cluster.pipeline_sync: after the drain, the step's last collectives wait for the ranks that
+    went idle first. It lengthens a pipeline's critical path (and its "pp" share), never the shared
+    cores' bound (waiting is not busy), and no layout without a pipeline."""
+    w = Workload(CFG, 16, 32, "fp32", "minidist", overlap=False)
+    sync = 5e-3
+    for cores in (None, 2):
+        plain, waiting = Cluster(4, 4, 1e12, **LINKS, cores=cores), Cluster(4, 4, 1e12, **LINKS, cores=cores,
+                                                                            pipeline_sync=sync)
+        pipe = Layout(pp=4, microbatches=1, schedule="1f1b")  # a big bubble: the critical path decides
+        before, after = predict(w, pipe, plain), predict(w, pipe, waiting)
+        assert after["step_seconds"] == pytest.approx(before["step_seconds"] + sync)
+        assert after["pp"] == pytest.approx(before["pp"] + sync)
+        assert (before["pipeline_sync"], after["pipeline_sync"]) == (0.0, sync)
+        assert after["shared_cores_seconds"] == before["shared_cores_seconds"]
+        for layout in (Layout(dp=4), Layout(tp=4)):
+            assert predict(w, layout, waiting)["step_seconds"] == predict(w, layout, plain)["step_seconds"]
+    busy = Layout(pp=4, microbatches=16, schedule="1f1b")  # on 2 cores the busy time decides: no change
+    shared, shared_waiting = (predict(w, busy, Cluster(4, 4, 1e12, **LINKS, cores=1, pipeline_sync=s))
+                              for s in (0.0, sync))
+    assert shared["step_seconds"] == shared["shared_cores_seconds"]
+    assert shared_waiting["step_seconds"] == shared["step_seconds"]
+
+
 def test_a_strategys_own_bookkeeping_is_charged_per_layer_pass_unit_or_micro_batch():
     """Cluster.strategy_overhead: tp per layer pass (in each pass, so a pipeline simulates it), ZeRO-2/3
     per unit (the layers, and the embeddings with the head) and micro-batch, the mesh engine per
@@ -285,14 +309,14 @@ def test_two_measurements_of_the_yardsticks_keep_the_least_disturbed():
     from minidist.bench.plan import least_disturbed
     first = {"serial": {"batch": 0.08, "one": 0.010}, "accumulated": 8, "peak": 1e11, "streamed": 3e10,
              "gemms": [(1e6, 2e-5), (4e6, 5e-5)], "cores": 2, "all_reduce": [3e-5, 9e-5], "message": 2e-4,
-             "effective_cores": 1.8, "engine": 6e-5, "strategies": {"tp": 3e-4, "zero3": 1e-3}}
+             "effective_cores": 1.8, "engine": 6e-5, "drain": 9e-3, "strategies": {"tp": 3e-4, "zero3": 1e-3}}
     second = {**first, "serial": {"batch": 0.07, "one": 0.012}, "peak": 9e10, "streamed": 4e10,
               "gemms": [(1e6, 3e-5), (4e6, 4e-5)], "all_reduce": [4e-5, 8e-5], "message": 1e-4,
-              "effective_cores": 1.9, "engine": 8e-5, "strategies": {"tp": 1e-4, "zero3": 2e-3}}
+              "effective_cores": 1.9, "engine": 8e-5, "drain": 7e-3, "strategies": {"tp": 1e-4, "zero3": 2e-3}}
     merged = least_disturbed(first, second)
     assert merged["serial"] == {"batch": 0.07, "one": 0.010}
     assert (merged["peak"], merged["streamed"], merged["effective_cores"]) == (1e11, 4e10, 1.9)
     assert merged["gemms"] == [(1e6, 2e-5), (4e6, 4e-5)] and merged["all_reduce"] == [3e-5, 8e-5]
-    assert (merged["message"], merged["engine"]) == (1e-4, 6e-5)
+    assert (merged["message"], merged["engine"], merged["drain"]) == (1e-4, 6e-5, 7e-3)
     assert merged["strategies"] == pytest.approx({"tp": 2e-4, "zero3": 1.5e-3})
     assert least_disturbed({**first, "effective_cores": None}, {**second, "effective_cores": None})["effective_cores"] is None

@@ -5,11 +5,11 @@ for a CPU running NumPy: the GEMM curve of the model's own matmul shapes (`time_
 `fit_gemm_curve`), the three serial steps that fix a layer pass's, a step's and the element-wise
 work's costs (`fit_serial_costs`), minidist's all-reduce on the job's ranks (`time_all_reduce`),
 how late a pipeline's receiver notices a message (`time_pipeline_message`), the pipeline engine's
-own time (`time_pipeline_engine`), how many cores ranks that share them get (`effective_cores`),
-and what each strategy's own bookkeeping adds to a micro-batch (`time_strategy_overheads`). The
-functions named `time_*` whose docstring says "rank program" run under `comm.launch.run`. A helper
-of `plan.py`, not a benchmark of its own: hence the underscore (`python -m minidist.bench` lists
-the benchmarks).
+own time and how long a pipeline step takes from its drain to its end (`time_pipeline_engine`),
+how many cores ranks that share them get (`effective_cores`), and what each strategy's own
+bookkeeping adds to a micro-batch (`time_strategy_overheads`). The functions named `time_*` whose
+docstring says "rank program" run under `comm.launch.run`. A helper of `plan.py`, not a benchmark
+of its own: hence the underscore (`python -m minidist.bench` lists the benchmarks).
 """
 from __future__ import annotations
 
@@ -73,23 +73,35 @@ def time_pipeline_message(nbytes: int, reps: int = 20, busy: float = 0.005) -> l
     return delays
 
 
-def time_pipeline_engine(config: GPTConfig, batch: int, microbatches: int, steps: int = 4) -> float:
-    """Rank program: the median time minidist's pipeline engine spends after a forward or backward
-    (posting sends, polling, bookkeeping: the gap to the rank's next event, `PipelineTrainer`'s
-    explain_bubble), in a pipeline of one stage per rank."""
+def time_pipeline_engine(config: GPTConfig, batch: int, microbatches: int, steps: int = 4) -> tuple[float, float]:
+    """Rank program, in a pipeline of one stage per rank: (engine, drain-to-end) seconds.
+
+    engine: the median time minidist's pipeline engine spends after a forward or backward (posting
+    sends, polling, bookkeeping: the gap to the rank's next event, `PipelineTrainer`'s
+    explain_bubble). drain-to-end: the median time from the first stage's last backward (the last
+    of the step in 1F1B) to the end of the step, measured as the demo runs (without explain_bubble,
+    whose own all-reduce would lengthen it): the tied embedding's exchange, the gradient norm's
+    all-reduce, the update and the step's report, with ranks that went idle during the drain."""
+    from minidist import timeline
     from minidist.comm import get_world
     from minidist.core.tensor import default_dtype
     from minidist.parallel.pipeline import PipelineTrainer
     from minidist.training.train import OptimSettings
     with default_dtype("float32"):
-        trainer = PipelineTrainer(config, OptimSettings(lr=1e-3, steps=steps), make_task("sort", config.block_size),
+        trainer = PipelineTrainer(config, OptimSettings(lr=1e-3, steps=2 * steps), make_task("sort", config.block_size),
                                   batch, group=get_world(), microbatches=microbatches, schedule="1f1b",
                                   explain_bubble=True)
-        seconds = []
+        seconds, tails = [], []
         for step in range(steps):
             trainer.step(step)
             seconds.append(trainer.engine_seconds)
-    return float(np.median(seconds[1:]))
+        trainer.explain_bubble = False
+        for step in range(steps, 2 * steps):
+            mark = len(trainer.timeline.events)
+            trainer.step(step)
+            end = timeline.now()
+            tails.append(end - max(e[3] for e in trainer.timeline.events[mark:] if e[1] == "backward"))
+    return float(np.median(seconds[1:])), float(np.median(tails))
 
 
 def time_steps_side_by_side(config: GPTConfig, batch: int, steps: int = 30) -> float:

@@ -28,7 +28,9 @@ are free (`Cluster.strategy_overhead`). The model assumes no overlap here: minid
 run on the training thread. With more ranks than cores (4 ranks on a 2-core machine) the ranks are
 not independent devices: a step takes at least every rank's busy time spread over the cores, and a
 rank idle in a pipeline's bubble lends its core to another (`Cluster.cores`,
-`predict.shared_cores_seconds`). The machine may be shared, so every time is the least disturbed
+`predict.shared_cores_seconds`), and sleeps: after the drain, the step's last collectives wait
+for such ranks to wake (a pipeline of one stage per rank, timed from its drain to its step's end,
+less what the model counts there, gives `Cluster.pipeline_sync`). The machine may be shared, so every time is the least disturbed
 of several: a run's time is its fastest step after the first, each layout runs in `--repeats`
 passes and keeps its fastest, and the yardsticks are measured before and after the layouts, each
 keeping its least disturbed measurement (`least_disturbed`).
@@ -44,6 +46,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 
 import numpy as np
 
@@ -149,13 +152,14 @@ def measure_yardsticks(config: GPTConfig, args) -> dict:
     n, cores = args.ranks, cores_available()
     activation = args.batch_size * config.block_size * config.n_embd * 4  # the largest a pipeline sends
     all_reduces = [run(time_all_reduce, n, ALL_REDUCE_SIZES, timeout=args.timeout)[0] for _ in range(ALL_REDUCE_JOBS)]
+    engine, drain = run(time_pipeline_engine, min(n, config.n_layer), config, args.batch_size,
+                        math.gcd(args.batch_size, ENGINE_MICROBATCHES), timeout=args.timeout)[0]
     return {"serial": serial, "accumulated": k, "peak": device.flops("fp32"), "streamed": device.memory_bandwidth,
             "gemms": time_gemms(layer_shapes(config, args.batch_size, n)), "cores": cores,
             "all_reduce": [min(times) for times in zip(*all_reduces)],
             "message": float(np.median(run(time_pipeline_message, n, activation, timeout=args.timeout)[0])),
             "effective_cores": effective_cores(config, args.batch_size, n, args.timeout) if cores < n else None,
-            "engine": run(time_pipeline_engine, min(n, config.n_layer), config, args.batch_size,
-                          math.gcd(args.batch_size, 8), timeout=args.timeout)[0],
+            "engine": engine, "drain": drain,
             "strategies": run(time_strategy_overheads, 1, config, k, timeout=args.timeout)[0]}
 
 
@@ -168,7 +172,8 @@ def least_disturbed(first: dict, second: dict) -> dict:
     merged["peak"], merged["streamed"] = max(first["peak"], second["peak"]), max(first["streamed"], second["streamed"])
     merged["gemms"] = [(f, min(a, b)) for (f, a), (_, b) in zip(first["gemms"], second["gemms"])]
     merged["all_reduce"] = [min(a, b) for a, b in zip(first["all_reduce"], second["all_reduce"])]
-    merged["message"], merged["engine"] = min(first["message"], second["message"]), min(first["engine"], second["engine"])
+    for name in ("message", "engine", "drain"):
+        merged[name] = min(first[name], second[name])
     if first["effective_cores"] is not None:
         merged["effective_cores"] = max(first["effective_cores"], second["effective_cores"])
     merged["strategies"] = {name: (first["strategies"][name] + second["strategies"][name]) / 2
@@ -216,6 +221,12 @@ def fit_cluster(config: GPTConfig, args, measured: dict) -> tuple[Cluster, dict]
     cluster = Cluster(n, n, float("inf"), link, alpha, link, alpha, peak, overhead, memory_bandwidth=bandwidth,
                       step_overhead=per_step, gemm=curve, p2p_latency=measured["message"],
                       engine_overhead=measured["engine"], cores=shared, strategy_overhead=tuple(strategies.items()))
+    # the engine yardstick's pipeline from its drain to the step's end, less what the model counts there
+    engine_run = predict(demo_workload(config, args.batch_size),
+                         Layout(pp=min(n, config.n_layer), microbatches=math.gcd(args.batch_size, ENGINE_MICROBATCHES)),
+                         cluster)
+    counted = sum(engine_run[key] for key in ("embedding", "dp", "optimizer", "gradients", "machinery"))
+    cluster = replace(cluster, pipeline_sync=max(0.0, measured["drain"] - counted))
     facts = {"serial_step_seconds": serial["batch"], "serial_one_sequence_seconds": serial["one"],
              "serial_accumulated_seconds": serial["accumulated"], "serial_accumulated_microbatches": k,
              "serial_step_predicted": serial_prediction(args.batch_size, 1, overhead, per_step, bandwidth),
@@ -226,6 +237,7 @@ def fit_cluster(config: GPTConfig, args, measured: dict) -> tuple[Cluster, dict]
              "layer_overhead": overhead, "step_overhead": per_step, "cores": cores, "ranks": n,
              "effective_cores": shared, "alpha": alpha, "beta": beta,
              "pipeline_message_seconds": measured["message"], "pipeline_engine_seconds": measured["engine"],
+             "pipeline_drain_seconds": measured["drain"], "pipeline_sync_seconds": cluster.pipeline_sync,
              "all_reduce_seconds": {str(size): t for size, t in zip(ALL_REDUCE_SIZES, seconds)},
              "strategy_overhead": strategies, "strategy_overhead_per_microbatch": measured["strategies"]}
     return cluster, facts
@@ -241,6 +253,7 @@ ALL_REDUCE_SIZES = [1 << 12, 1 << 15, 1 << 18, 1 << 20, 1 << 22]  # bytes
 ALL_REDUCE_JOBS = 3  # jobs timing them, each size's fastest kept: with more ranks than cores, a job's back-to-back
                      # all-reduces settle into a slow pace or a fast one (here 4 KB: ~300 or ~130 us), the
                      # training steps' into the fast one
+ENGINE_MICROBATCHES = 8  # of the pipeline that times the engine and a step's end after the drain
 ACCUMULATED = 8  # micro-batches of the third serial yardstick (fewer where the batch does not divide):
                  # many, so that the passes they add stand well above a step's noise
 
@@ -302,7 +315,9 @@ def print_yardsticks(facts: dict, ranks: int, when: str = "") -> None:
           f"{facts['serial_step_predicted'] * 1e3:.1f} ms predicted; all-reduce alpha {facts['alpha'] * 1e6:.1f} us, "
           f"beta {facts['beta'] * 1e9:.3f} ns/byte; a pipeline message noticed {facts['pipeline_message_seconds'] * 1e3:.2f} "
           f"ms after its send, the pipeline engine's {facts['pipeline_engine_seconds'] * 1e3:.2f} ms after each "
-          "forward or backward; a strategy's own bookkeeping (on one rank): "
+          f"forward or backward; from a pipeline's drain to its step's end {facts['pipeline_drain_seconds'] * 1e3:.1f} "
+          f"ms, {facts['pipeline_sync_seconds'] * 1e3:.1f} ms of it waiting for idle ranks; a strategy's own "
+          "bookkeeping (on one rank): "
           + ", ".join(f"{name} {seconds * 1e3:.2f} ms" for name, seconds in facts["strategy_overhead"].items())
           + " (tp per layer pass, ZeRO per unit and micro-batch, the mesh engine per micro-batch)")
 

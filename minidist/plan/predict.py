@@ -63,7 +63,10 @@ def predict(w: Workload, layout: Layout, cluster: Cluster, simulate: bool = True
     machinery = strategy_overhead_seconds(w, layout, cluster)
     step = pipeline + embedding_time + dp_time + optimizer + gradients + machinery
     shared = shared_cores_seconds(step, bubble, cluster)
-    step = max(step, shared or 0.0)
+    # after the drain, the step's collectives (tied embedding, gradient norm) wait for the stages
+    # that went idle first: on the critical path only, as idle time lends a shared core
+    sync = cluster.pipeline_sync if p > 1 else 0.0
+    step = max(step + sync, shared or 0.0)
 
     stage, ledger = heaviest_stage(w, layout)
     tokens = w.global_batch * w.seq
@@ -71,12 +74,12 @@ def predict(w: Workload, layout: Layout, cluster: Cluster, simulate: bool = True
     tp_bytes = b * w.seq * w.config.n_embd * ACTIVATION_BYTES[w.precision]
     pp_bytes = tp_bytes / (t if w.sequence_parallel else 1)
     return {"step_seconds": step, "compute": m * work["compute"], "tp": m * work["tp"],
-            "pp": m * work["pp"] + embedding_time, "bubble": bubble, "dp": dp_time, "optimizer": optimizer,
+            "pp": m * work["pp"] + embedding_time + sync, "bubble": bubble, "dp": dp_time, "optimizer": optimizer,
             "gradients": gradients, "machinery": machinery,
             # idle share of all ranks, as a run measures it: time outside forward and backward (waits, messages)
             "bubble_fraction": 1 - m * sum(part["total"] - part["pp"] for part in parts) / (p * pipeline)
             if pipeline else 0.0,
-            "micro_batch": b, "tokens_per_second": tokens / step,
+            "embedding": embedding_time, "pipeline_sync": sync, "micro_batch": b, "tokens_per_second": tokens / step,
             "tflops_per_device": flops / (cluster.gpus * step) / 1e12,
             "mfu": flops_per_step(w, recompute=False) / (cluster.gpus * step * cluster.flops),
             "bytes_sent": {"tp": tp_calls(w, layout) * 2 * (t - 1) / t * tp_bytes, "pp": pp_messages(p, m, v) * pp_bytes,
