@@ -303,9 +303,21 @@ def test_the_strategy_yardsticks_become_the_clusters_units():
     assert all(math.isfinite(v) and abs(v) < 1.0 for v in measured.values())
 
 
+def test_serial_steps_in_turn_keep_the_baselines_fastest_and_the_median_differences():
+    """The three serial yardsticks step in turn: the batch's step is its fastest after the first, the
+    others that plus the median of their rounds' differences, so a slow round moves both alike."""
+    from minidist.bench._yardsticks import serial_yardsticks
+    seconds = {"batch": [0.5, 0.070, 0.090, 0.071, 0.072], "one": [0.2, 0.010, 0.030, 0.012, 0.011],
+               "accumulated": [0.9, 0.081, 0.101, 0.084, 0.081]}
+    serial = serial_yardsticks(seconds)
+    assert serial["batch"] == 0.070
+    assert serial["one"] == pytest.approx(0.070 - 0.060)           # differences 0.060, 0.060, 0.059, 0.061
+    assert serial["accumulated"] == pytest.approx(0.070 + 0.011)  # 0.011, 0.011, 0.013, 0.009
+
+
 def test_two_measurements_of_the_yardsticks_keep_the_least_disturbed():
     """bench plan measures its yardsticks before and after the layouts: every time the smaller, every
-    speed the larger, the strategies' costs (differences of times) their mean."""
+    speed the larger, the serial steps as one set, the strategies' costs (differences of times) their mean."""
     from minidist.bench.plan import least_disturbed
     first = {"serial": {"batch": 0.08, "one": 0.010}, "accumulated": 8, "peak": 1e11, "streamed": 3e10,
              "gemms": [(1e6, 2e-5), (4e6, 5e-5)], "cores": 2, "all_reduce": [3e-5, 9e-5], "message": 2e-4,
@@ -314,7 +326,7 @@ def test_two_measurements_of_the_yardsticks_keep_the_least_disturbed():
               "gemms": [(1e6, 3e-5), (4e6, 4e-5)], "all_reduce": [4e-5, 8e-5], "message": 1e-4,
               "effective_cores": 1.9, "engine": 8e-5, "drain": 7e-3, "strategies": {"tp": 1e-4, "zero3": 2e-3}}
     merged = least_disturbed(first, second)
-    assert merged["serial"] == {"batch": 0.07, "one": 0.010}
+    assert merged["serial"] == {"batch": 0.07, "one": 0.012}  # together, from the faster batch step
     assert (merged["peak"], merged["streamed"], merged["effective_cores"]) == (1e11, 4e10, 1.9)
     assert merged["gemms"] == [(1e6, 2e-5), (4e6, 4e-5)] and merged["all_reduce"] == [3e-5, 8e-5]
     assert (merged["message"], merged["engine"], merged["drain"]) == (1e-4, 6e-5, 7e-3)

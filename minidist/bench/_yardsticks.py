@@ -2,14 +2,15 @@
 
 Each is a small timing that the planner's formulas need as a number and that no data sheet gives
 for a CPU running NumPy: the GEMM curve of the model's own matmul shapes (`time_gemms`,
-`fit_gemm_curve`), the three serial steps that fix a layer pass's, a step's and the element-wise
-work's costs (`fit_serial_costs`), minidist's all-reduce on the job's ranks (`time_all_reduce`),
-how late a pipeline's receiver notices a message (`time_pipeline_message`), the pipeline engine's
-own time and how long a pipeline step takes from its drain to its end (`time_pipeline_engine`),
-how many cores ranks that share them get (`effective_cores`), and what each strategy's own
-bookkeeping adds to a micro-batch (`time_strategy_overheads`). The functions named `time_*` whose
-docstring says "rank program" run under `comm.launch.run`. A helper of `plan.py`, not a benchmark
-of its own: hence the underscore (`python -m minidist.bench` lists the benchmarks).
+`fit_gemm_curve`), the three serial steps, stepped in turn, that fix a layer pass's, a step's and
+the element-wise work's costs (`time_serial_steps`, `fit_serial_costs`), minidist's all-reduce on
+the job's ranks (`time_all_reduce`), how late a pipeline's receiver notices a message
+(`time_pipeline_message`), the pipeline engine's own time and how long a pipeline step takes from
+its drain to its end (`time_pipeline_engine`), how many cores ranks that share them get
+(`effective_cores`), and what each strategy's own bookkeeping adds to a micro-batch
+(`time_strategy_overheads`). The functions named `time_*` whose docstring says "rank program" run
+under `comm.launch.run`. A helper of `plan.py`, not a benchmark of its own: hence the underscore
+(`python -m minidist.bench` lists the benchmarks).
 """
 from __future__ import annotations
 
@@ -113,6 +114,44 @@ def time_steps_side_by_side(config: GPTConfig, batch: int, steps: int = 30) -> f
     step = minidist_step(config, batch, "float32")[0]
     get_world().comm.Barrier()  # start together, so that the steps overlap
     return median_seconds(step, steps)
+
+
+def time_serial_steps(flag_sets: dict, rounds: int = 10) -> dict:
+    """Rank program (one rank): the demo's serial step under each set of demo flags (`flag_sets`:
+    name -> flags), each trainer built as the demo builds it (`strategies.make_trainer`) and all of
+    them stepped in turn, `rounds` times: seconds per step, a list per name. In turn, so that a
+    machine that changes speed moves them alike: the fits take differences of these steps."""
+    from minidist.comm import get_world
+    from minidist.core.kernels import kernels
+    from minidist.core.tensor import set_default_dtype
+    from minidist.demo_flags import build_parser, check_args
+    from minidist.runtime import tune_malloc
+    from minidist.training.strategies import make_trainer
+    tune_malloc()  # as the demo does: the heap is kept, not returned and faulted in again
+    trainers = {}
+    for name, flags in flag_sets.items():
+        args = build_parser().parse_args(flags)
+        config, task, layout = check_args(args, 1)
+        set_default_dtype(args.dtype)
+        kernels(args.kernels)
+        trainers[name] = make_trainer(layout, args, config, task, get_world())
+    seconds = {name: [] for name in trainers}
+    for step in range(rounds):
+        for name, trainer in trainers.items():
+            start = time.perf_counter()
+            trainer.step(step)
+            seconds[name].append(time.perf_counter() - start)
+    return seconds
+
+
+def serial_yardsticks(seconds: dict, baseline: str = "batch") -> dict:
+    """`time_serial_steps`' rounds as one time per name: the baseline's fastest step after the first,
+    and every other name that plus the median of its rounds' differences from the baseline (a round's
+    steps ran back to back, under the same conditions)."""
+    base = seconds[baseline][1:]
+    fastest = float(min(base))
+    return {name: fastest if name == baseline else
+            fastest + float(np.median(np.subtract(times[1:], base))) for name, times in seconds.items()}
 
 
 def effective_cores(config: GPTConfig, batch: int, ranks: int, timeout: float) -> float:

@@ -58,8 +58,9 @@ from minidist.core.model import GPTConfig
 from minidist.plan.search import candidate_layouts, plan
 from minidist.training.layout import Layout
 from minidist.bench._yardsticks import (effective_cores, fit_gemm_curve, fit_serial_costs, layer_shapes,
-                                       time_all_reduce, time_gemms, time_pipeline_engine, time_pipeline_message,
-                                       strategy_overheads, time_strategy_overheads)
+                                       serial_yardsticks, strategy_overheads, time_all_reduce, time_gemms,
+                                       time_pipeline_engine, time_pipeline_message, time_serial_steps,
+                                       time_strategy_overheads)
 from minidist.plan.hardware import measure_this_machine
 from minidist.runtime import cores_available
 from minidist.plan.predict import Cluster, Workload, predict, rank_ledger
@@ -132,22 +133,19 @@ def measure_yardsticks(config: GPTConfig, args) -> dict:
 
     This CPU as a device (`hardware.measure_this_machine`: its best matmul FLOP/s and its memory
     bandwidth); NumPy matmuls of the shapes the model runs (for the GEMM curve); three serial steps
-    (the global batch, one sequence, the batch in 8 micro-batches); minidist's all-reduce timed on
+    (the global batch, one sequence, the batch in 8 micro-batches: the demo's trainers stepped in
+    turn, `time_serial_steps`); minidist's all-reduce timed on
     `--ranks` ranks (each size's fastest of `ALL_REDUCE_JOBS` jobs); a pipeline message's delay as
     its receiver notices it; the pipeline engine's own time after each forward and backward in a
     short pipeline run; with more ranks than cores, how many cores they effectively get; and each
     strategy's own bookkeeping on one rank. The yardsticks themselves are in `_yardsticks.py`."""
     model_flags = ["--n-layer", str(config.n_layer), "--n-embd", str(config.n_embd), "--n-head", str(config.n_head),
-                   "--block-size", str(config.block_size),
-                   "--steps", str(max(args.steps, 10))]  # the least disturbed of nine
+                   "--block-size", str(config.block_size), "--steps", str(SERIAL_ROUNDS)]
     k = math.gcd(args.batch_size, ACCUMULATED)
-    serial = {}
-    for name, flags in (("batch", ["--batch-size", str(args.batch_size)]), ("one", ["--batch-size", "1"]),
-                        ("accumulated", ["--batch-size", str(args.batch_size), "--accumulation", str(k)])):
-        report, why = run_demo(1, [*model_flags, *flags], args.timeout)
-        if report is None:
-            raise RuntimeError(f"the serial yardstick failed: {why}")
-        serial[name] = fastest_step(report)
+    flag_sets = {"batch": [*model_flags, "--batch-size", str(args.batch_size)],
+                 "one": [*model_flags, "--batch-size", "1"],
+                 "accumulated": [*model_flags, "--batch-size", str(args.batch_size), "--accumulation", str(k)]}
+    serial = serial_yardsticks(run(time_serial_steps, 1, flag_sets, SERIAL_ROUNDS, timeout=args.timeout)[0])
     device = measure_this_machine()
     n, cores = args.ranks, cores_available()
     activation = args.batch_size * config.block_size * config.n_embd * 4  # the largest a pipeline sends
@@ -165,10 +163,11 @@ def measure_yardsticks(config: GPTConfig, args) -> dict:
 
 def least_disturbed(first: dict, second: dict) -> dict:
     """Two measurements of the yardsticks (before and after the layouts ran) as one: each time the
-    smaller, each speed the larger, as each layout's step is its fastest; the strategies' own costs,
-    differences of two times, their mean."""
+    smaller, each speed the larger, as each layout's step is its fastest; the three serial steps
+    together, from the measurement whose batch step was faster (their fits take differences, which
+    must come from one measurement); the strategies' own costs, differences of two times, their mean."""
     merged = dict(first)
-    merged["serial"] = {name: min(first["serial"][name], second["serial"][name]) for name in first["serial"]}
+    merged["serial"] = min(first["serial"], second["serial"], key=lambda serial: serial["batch"])
     merged["peak"], merged["streamed"] = max(first["peak"], second["peak"]), max(first["streamed"], second["streamed"])
     merged["gemms"] = [(f, min(a, b)) for (f, a), (_, b) in zip(first["gemms"], second["gemms"])]
     merged["all_reduce"] = [min(a, b) for a, b in zip(first["all_reduce"], second["all_reduce"])]
@@ -253,6 +252,7 @@ ALL_REDUCE_SIZES = [1 << 12, 1 << 15, 1 << 18, 1 << 20, 1 << 22]  # bytes
 ALL_REDUCE_JOBS = 3  # jobs timing them, each size's fastest kept: with more ranks than cores, a job's back-to-back
                      # all-reduces settle into a slow pace or a fast one (here 4 KB: ~300 or ~130 us), the
                      # training steps' into the fast one
+SERIAL_ROUNDS = 12  # rounds of the three serial steps in turn (`time_serial_steps`)
 ENGINE_MICROBATCHES = 8  # of the pipeline that times the engine and a step's end after the drain
 ACCUMULATED = 8  # micro-batches of the third serial yardstick (fewer where the batch does not divide):
                  # many, so that the passes they add stand well above a step's noise
