@@ -30,10 +30,10 @@ not independent devices: a step takes at least every rank's busy time spread ove
 rank idle in a pipeline's bubble lends its core to another (`Cluster.cores`,
 `predict.shared_cores_seconds`), and sleeps: after the drain, the step's last collectives wait
 for such ranks to wake (a pipeline of one stage per rank, timed from its drain to its step's end,
-less what the model counts there, gives `Cluster.pipeline_sync`). The machine may be shared, so every time is the least disturbed
-of several: a run's time is its fastest step after the first, each layout runs in `--repeats`
-passes and keeps its fastest, and the yardsticks are measured before and after the layouts, each
-keeping its least disturbed measurement (`least_disturbed`).
+less what the model counts there, gives `Cluster.pipeline_sync`). The machine may be shared, so
+every time is the least disturbed of several: a run's time is its fastest step after the first,
+each layout runs in `--repeats` passes and keeps its fastest, and the yardsticks are measured
+before and after the layouts, each keeping its least disturbed measurement (`least_disturbed`).
 
     python -m minidist.bench plan --match "tp2"     # only the layouts whose name contains "tp2"
 """
@@ -137,7 +137,7 @@ def measure_yardsticks(config: GPTConfig, args) -> dict:
     turn, `time_serial_steps`); minidist's all-reduce timed on
     `--ranks` ranks (each size's fastest of `ALL_REDUCE_JOBS` jobs); a pipeline message's delay as
     its receiver notices it; the pipeline engine's own time after each forward and backward in a
-    short pipeline run; with more ranks than cores, how many cores they effectively get; and each
+    short pipeline run, and that run's time from its drain to its step's end; with more ranks than cores, how many cores they effectively get; and each
     strategy's own bookkeeping on one rank. The yardsticks themselves are in `_yardsticks.py`."""
     model_flags = ["--n-layer", str(config.n_layer), "--n-embd", str(config.n_embd), "--n-head", str(config.n_head),
                    "--block-size", str(config.block_size), "--steps", str(SERIAL_ROUNDS)]

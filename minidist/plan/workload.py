@@ -57,8 +57,6 @@ class Cluster:
                                       # latency); minidist's polite wait notices up to one back-off late
     engine_overhead: float = 0.0      # s a pipeline engine spends after each forward or backward (posting
                                       # sends, polling, bookkeeping): idle, as a run measures it
-    pipeline_sync: float = 0.0  # s a pipeline step's end waits, beyond what the model counts, for ranks that
-                                # idled through the drain (minidist's polite wait wakes them late); 0 on a GPU
     cores: float | None = None  # CPU cores the ranks share (None: a device each); with fewer cores than
                                 # ranks a step takes at least the ranks' busy time spread over the cores
     strategy_overhead: tuple = ()  # ((engine, s), ...): what a strategy's own bookkeeping adds beyond plain
@@ -66,6 +64,8 @@ class Cluster:
                                    # "zero3"), per micro-batch ("mesh"); minidist's Python, measured on one rank
                                    # where every message is free (bench plan); none on a GPU, whose queue
                                    # hides the host
+    pipeline_sync: float = 0.0  # s a pipeline step's end waits, beyond what the model counts, for ranks that
+                                # idled through the drain (minidist's polite wait wakes them late); 0 on a GPU
 
     def overhead(self, engine: str) -> float:
         """`strategy_overhead`'s seconds for `engine` (0 where not measured)."""
