@@ -332,17 +332,3 @@ def test_two_measurements_of_the_yardsticks_keep_the_least_disturbed():
     assert (merged["message"], merged["engine"], merged["drain"]) == (1e-4, 6e-5, 7e-3)
     assert merged["strategies"] == pytest.approx({"tp": 2e-4, "zero3": 1.5e-3})
     assert least_disturbed({**first, "effective_cores": None}, {**second, "effective_cores": None})["effective_cores"] is None
-
-
-def test_the_all_reduce_yardstick_places_neighbouring_ranks_on_one_core(monkeypatch):
-    """With more ranks than cores the all-reduce yardstick's ranks are placed in blocks (MPICH's
-    HYDRA_BINDING): neighbours share a core, on the cores this process may use; else no placement."""
-    import os
-
-    from minidist.bench.plan import block_placement
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    assert block_placement(4) == {"HYDRA_BINDING": "user:0,0,1,1"}
-    assert block_placement(3) == {"HYDRA_BINDING": "user:0,0,1"}
-    assert block_placement(2) == {}
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {6, 4}, raising=False)
-    assert block_placement(8) == {"HYDRA_BINDING": "user:4,4,4,4,6,6,6,6"}

@@ -135,7 +135,7 @@ def measure_yardsticks(config: GPTConfig, args) -> dict:
     bandwidth); NumPy matmuls of the shapes the model runs (for the GEMM curve); three serial steps
     (the global batch, one sequence, the batch in 8 micro-batches: the demo's trainers stepped in
     turn, `time_serial_steps`); minidist's all-reduce timed on
-    `--ranks` ranks (each size's fastest of `ALL_REDUCE_JOBS` jobs, `block_placement`); a pipeline message's delay as
+    `--ranks` ranks (each size's fastest of `ALL_REDUCE_JOBS` jobs); a pipeline message's delay as
     its receiver notices it; the pipeline engine's own time after each forward and backward in a
     short pipeline run, and that run's time from its drain to its step's end; with more ranks than cores, how many cores they effectively get; and each
     strategy's own bookkeeping on one rank. The yardsticks themselves are in `_yardsticks.py`."""
@@ -149,8 +149,7 @@ def measure_yardsticks(config: GPTConfig, args) -> dict:
     device = measure_this_machine()
     n, cores = args.ranks, cores_available()
     activation = args.batch_size * config.block_size * config.n_embd * 4  # the largest a pipeline sends
-    all_reduces = [run(time_all_reduce, n, ALL_REDUCE_SIZES, timeout=args.timeout, env=block_placement(n))[0]
-                   for _ in range(ALL_REDUCE_JOBS)]
+    all_reduces = [run(time_all_reduce, n, ALL_REDUCE_SIZES, timeout=args.timeout)[0] for _ in range(ALL_REDUCE_JOBS)]
     engine, drain = run(time_pipeline_engine, min(n, config.n_layer), config, args.batch_size,
                         math.gcd(args.batch_size, ENGINE_MICROBATCHES), timeout=args.timeout)[0]
     return {"serial": serial, "accumulated": k, "peak": device.flops("fp32"), "streamed": device.memory_bandwidth,
@@ -160,21 +159,6 @@ def measure_yardsticks(config: GPTConfig, args) -> dict:
             "effective_cores": effective_cores(config, args.batch_size, n, args.timeout) if cores < n else None,
             "engine": engine, "drain": drain,
             "strategies": run(time_strategy_overheads, 1, config, k, timeout=args.timeout)[0]}
-
-
-def block_placement(ranks: int) -> dict:
-    """With more ranks than cores, the environment that has MPICH's mpiexec place neighbouring ranks
-    on one core (4 ranks on 2: 0 and 1 on the first, 2 and 3 on the second); {} otherwise.
-
-    Back-to-back all-reduces never sleep, so the scheduler keeps a job's ranks where they started,
-    and each placement has its own pace (here 4 KB: 126-138 us in this placement, 150-390 us in the
-    others and unplaced); a training step's ranks sleep and wake between collectives and are placed
-    anew each time, and its all-reduces ran at this placement's pace in every run, whatever pace an
-    unplaced yardstick had met."""
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    if not cores or ranks <= len(cores):
-        return {}
-    return {"HYDRA_BINDING": "user:" + ",".join(str(cores[r * len(cores) // ranks]) for r in range(ranks))}
 
 
 def least_disturbed(first: dict, second: dict) -> dict:
@@ -265,7 +249,9 @@ def calibrate(config: GPTConfig, args) -> tuple[Cluster, dict]:
 
 
 ALL_REDUCE_SIZES = [1 << 12, 1 << 15, 1 << 18, 1 << 20, 1 << 22]  # bytes
-ALL_REDUCE_JOBS = 3  # jobs timing them, each size's fastest kept (with more ranks than cores, in `block_placement`)
+ALL_REDUCE_JOBS = 3  # jobs timing them, each size's fastest kept: with more ranks than cores, a job's back-to-back
+                     # all-reduces settle into a slow pace or a fast one (here 4 KB: ~300 or ~130 us), the
+                     # training steps' into the fast one
 SERIAL_ROUNDS = 12  # rounds of the three serial steps in turn (`time_serial_steps`)
 ENGINE_MICROBATCHES = 8  # of the pipeline that times the engine and a step's end after the drain
 ACCUMULATED = 8  # micro-batches of the third serial yardstick (fewer where the batch does not divide):
