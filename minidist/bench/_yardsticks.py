@@ -135,6 +135,12 @@ def time_serial_steps(flag_sets: dict, rounds: int = 10) -> dict:
         set_default_dtype(args.dtype)
         kernels(args.kernels)
         trainers[name] = make_trainer(layout, args, config, task, get_world())
+    return steps_in_turn(trainers, rounds)
+
+
+def steps_in_turn(trainers: dict, rounds: int) -> dict:
+    """Step every trainer once per round, in turn, `rounds` times: seconds per step, a list per name.
+    A machine that changes speed during the rounds moves every trainer's steps alike."""
     seconds = {name: [] for name in trainers}
     for step in range(rounds):
         for name, trainer in trainers.items():
@@ -195,12 +201,7 @@ def time_strategy_overheads(config: GPTConfig, microbatches: int = 4, rounds: in
                     "zero2": ZeroTrainer(config, settings, task, k, group=world, stage=2, accumulation=k),
                     "zero3": ZeroTrainer(config, settings, task, k, group=world, stage=3, accumulation=k),
                     "mesh": MeshTrainer(config, settings, task, k, group=world, microbatches=k)}
-    seconds = {name: [] for name in trainers}
-    for step in range(rounds + 2):
-        for name, trainer in trainers.items():
-            start = time.perf_counter()
-            trainer.step(step)
-            seconds[name].append(time.perf_counter() - start)
+    seconds = steps_in_turn(trainers, rounds + 2)
 
     def beyond(name: str, baseline: str) -> float:  # the first two steps allocate and warm the caches
         return float(np.median(np.subtract(seconds[name], seconds[baseline])[2:]))
