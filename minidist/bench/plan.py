@@ -36,6 +36,7 @@ each layout runs in `--repeats` passes and keeps its fastest, and the yardsticks
 before and after the layouts, each keeping its least disturbed measurement (`least_disturbed`).
 
     python -m minidist.bench plan --match "tp2"     # only the layouts whose name contains "tp2"
+    python -m minidist.bench plan --median-of a.json b.json c.json   # recorded runs, each layout's median
 """
 from __future__ import annotations
 
@@ -56,6 +57,7 @@ from minidist.comm.launch import find_mpiexec, run
 from minidist.core.data import make_task
 from minidist.core.model import GPTConfig
 from minidist.plan.search import candidate_layouts, plan
+from minidist.bench._plan_runs import load_run, median_of_runs, print_median, spearman, within
 from minidist.training.layout import Layout
 from minidist.bench._yardsticks import (effective_cores, fit_gemm_curve, fit_serial_costs, layer_shapes,
                                        serial_yardsticks, strategy_overheads, time_all_reduce, time_gemms,
@@ -67,25 +69,6 @@ from minidist.plan.predict import Cluster, Workload, predict, rank_ledger
 from minidist.parallel.mesh import coordinates
 
 PILES = ("params", "grads", "optimizer")
-
-
-def spearman(x, y) -> float:
-    """Spearman's rank correlation: Pearson's correlation of the ranks (ties share their mean rank)."""
-    def ranks(values):
-        values = np.asarray(values, dtype=float)
-        order = np.argsort(values, kind="stable")
-        r = np.empty(len(values))
-        r[order] = np.arange(1, len(values) + 1)
-        for v in np.unique(values):  # ties: the mean of the ranks they span
-            r[values == v] = r[values == v].mean()
-        return r
-
-    if len(x) != len(y) or len(x) < 2:
-        raise ValueError(f"spearman needs two sequences of the same length >= 2, got {len(x)} and {len(y)}")
-    a, b = ranks(x), ranks(y)
-    a, b = a - a.mean(), b - b.mean()
-    denominator = np.sqrt((a @ a) * (b @ b))
-    return float(a @ b / denominator) if denominator else float("nan")
 
 
 def demo_workload(config: GPTConfig, batch: int) -> Workload:
@@ -322,6 +305,20 @@ def print_yardsticks(facts: dict, ranks: int, when: str = "") -> None:
           + " (tp per layer pass, ZeRO per unit and micro-batch, the mesh engine per micro-batch)")
 
 
+def median_report(parser, paths: list[str], json_path: str | None) -> int:
+    """`--median-of`: the median over recorded runs (`_plan_runs`), printed and optionally written."""
+    try:
+        summary = median_of_runs([load_run(path) for path in paths])
+    except ValueError as error:
+        parser.error(f"--median-of: {error}")
+    print_median(summary)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump([{"kind": "median_layout", **row} for row in summary["layouts"]]
+                      + [{"kind": "median_summary", **{k: v for k, v in summary.items() if k != "layouts"}}], f, indent=1)
+    return 0
+
+
 def main(argv=None) -> int:
     positive = cli.integer(1)
     parser = cli.OneLineParser(prog="python -m minidist.bench plan", description=__doc__.split("\n")[0])
@@ -340,7 +337,11 @@ def main(argv=None) -> int:
     parser.add_argument("--json", type=cli.output_file, help="write the records to this file")
     parser.add_argument("--calibrate", action="store_true",
                         help="measure the yardsticks (the GEMM curve, bandwidth, overhead, all-reduce), print them, stop")
+    parser.add_argument("--median-of", nargs="+", metavar="JSON",
+                        help="measure nothing: read runs that --json recorded and print each layout's median")
     args = parser.parse_args(argv)
+    if args.median_of:
+        return median_report(parser, args.median_of, args.json)
     if args.n_embd % args.n_head:
         parser.error(f"--n-embd {args.n_embd} is not divisible by --n-head {args.n_head}")
     try:  # the demo's task must fit the sequence: checked here, before any job starts
@@ -408,9 +409,9 @@ def main(argv=None) -> int:
     rho = spearman([r["predicted_step_seconds"] for r in records], [r["measured_step_seconds"] for r in records]) \
         if len(records) >= 2 else float("nan")
     equal = sum(all(m["states_equal"] for m in r["memory"]) for r in records)
-    within = sum(abs(r["measured_step_seconds"] / r["predicted_step_seconds"] - 1) <= 0.25 for r in records)
+    hits = sum(within(r["measured_step_seconds"], r["predicted_step_seconds"]) for r in records)
     print(f"{len(records)} layouts run ({len(skipped)} refused by the demo); params/grads/optimizer equal to the byte "
-          f"on {equal} of {len(records)}; step time within 25 % of the prediction on {within} of {len(records)}; "
+          f"on {equal} of {len(records)}; step time within 25 % of the prediction on {hits} of {len(records)}; "
           f"Spearman rank correlation of predicted and measured step times: {rho:.3f}")
     for r in records:
         if r["bubble"] and r["bubble"]["measured"] is not None:
@@ -422,5 +423,5 @@ def main(argv=None) -> int:
             json.dump([{"kind": "calibration", **facts},
                        *({"kind": "layout", **r} for r in records), *({"kind": "refused", **s} for s in skipped),
                        {"kind": "summary", "spearman": rho, "layouts_run": len(records),
-                        "within_25_percent": within}], f, indent=1)
+                        "within_25_percent": hits}], f, indent=1)
     return 0
