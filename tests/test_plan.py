@@ -244,16 +244,20 @@ def test_cli_state_bytes_are_a_frameworks_own(tmp_path, capsys):
 
 
 def test_cli_ranks_sharing_cores(tmp_path, capsys):
-    """--cores: 4 ranks on 2 cores; data parallelism takes twice its time, a pipeline with its ranks
-    idle in the bubble keeps its critical path, and --explain shows the bound."""
+    """--cores: 4 ranks on 2 cores; data parallelism takes about twice its time, a pipeline with its
+    ranks idle in the bubble about its critical path, and --explain shows the shared cores' time."""
     apart, shared = tmp_path / "apart.json", tmp_path / "shared.json"
     assert main(["--gpus", "4", "--json", str(apart)]) == 0
     assert main(["--gpus", "4", "--cores", "2", "--explain", "pp4", "--json", str(shared)]) == 0
     out = capsys.readouterr().out
     assert "sharing 2 cores" in out and "shared cores" in out
     rows = [{r["name"]: r for r in json.loads(p.read_text())["layouts"]} for p in (apart, shared)]
-    assert rows[1]["dp4"]["step_seconds"] == pytest.approx(2 * rows[0]["dp4"]["step_seconds"])
-    assert rows[1]["pp4"]["step_seconds"] == rows[0]["pp4"]["step_seconds"]  # its critical path: 3/4 idle
+    # every rank computing at once: twice the work, the all-reduce's latency once (a few microseconds)
+    dp_apart, dp_shared = rows[0]["dp4"]["step_seconds"], rows[1]["dp4"]["step_seconds"]
+    assert dp_shared == pytest.approx(2 * dp_apart, rel=1e-3) and dp_shared < 2 * dp_apart
+    # one stage computing at a time (3/4 idle): its passes keep their time, only the update doubles
+    pp_apart, pp_shared = rows[0]["pp4"]["step_seconds"], rows[1]["pp4"]["step_seconds"]
+    assert pp_apart < pp_shared < 1.05 * pp_apart
 
 
 @pytest.mark.parametrize("argv,words", [

@@ -23,9 +23,13 @@ from minidist.plan.stage_memory import (extra_bytes, heaviest_stage, in_flight, 
 from minidist.plan.step_time import (all_reduce_seconds, data_parallel_seconds, flops_per_step,  # noqa: F401
                                      gradient_passes_seconds, group_span, half_seconds, optimizer_seconds, pipeline_estimate, pipeline_seconds, pp_messages,
                                      stage_costs, strategy_overhead_seconds, tp_calls)
+from minidist.plan.shared_cores import shared_cores_seconds, without_latency
 from minidist.plan.workload import (ACTIVATION_BYTES, STATE_BYTES, Cluster, GemmCurve, Workload,  # noqa: F401
                                     bytes_per_param, chunk_layers, config_for, padded_vocab)
 from minidist.training.layout import Layout
+
+
+BESIDE = ("embedding", "dp", "optimizer", "gradients", "machinery")  # a step's seconds outside its passes
 
 
 def predict(w: Workload, layout: Layout, cluster: Cluster, simulate: bool = True) -> dict:
@@ -47,26 +51,18 @@ def predict(w: Workload, layout: Layout, cluster: Cluster, simulate: bool = True
     parts = [{k: sum(c.parts()[k] for c in rank) for k in ("compute", "tp", "pp", "total")} for rank in costs]
     work = max(parts, key=lambda part: part["total"])  # the busiest rank's own work per micro-batch
     bubble = max(0.0, pipeline - m * work["total"])
-
-    embedding = 0.0
-    if p > 1 and w.config.tie_weights:  # the tied embedding's two copies add their gradients once a step
-        embedding = config_for(w, t).vocab_size * w.config.n_embd // t * bytes_per_param(w)[1]
-    embedding_time = all_reduce_seconds(embedding, "embedding", layout, cluster) if embedding else 0.0
-
-    params = max(sum(rank_units(config_for(w, t), t, p, s, v)) for s in {0, p - 1})
-    layers = max(1, w.config.n_layer // (p * v))
-    first = costs[0][0]  # the first stage finishes its backward last
-    dp_time, dp_sent = data_parallel_seconds(w, layout, cluster, params, first.backward,
-                                             (first.forward / layers, first.backward / layers))
-    optimizer = optimizer_seconds(params, layout.zero, d, cluster) + cluster.step_overhead
-    gradients = gradient_passes_seconds(w, layout, cluster, params)
-    machinery = strategy_overhead_seconds(w, layout, cluster)
-    step = pipeline + embedding_time + dp_time + optimizer + gradients + machinery
-    shared = shared_cores_seconds(step, bubble, cluster)
+    beside = beside_pipeline(w, layout, cluster, costs)
+    step = pipeline + sum(beside[k] for k in BESIDE)
+    shared = None
+    if cluster.cores and cluster.cores < cluster.gpus:  # more ranks than cores: each waits at full speed,
+        quiet = without_latency(cluster)                # works at the speed the shared cores allow
+        busy = stage_costs(w, layout, quiet, b)
+        shared = shared_cores_seconds(layout, cluster, costs, busy, step - pipeline,
+                                      sum(beside_pipeline(w, layout, quiet, busy)[k] for k in BESIDE))
     # after the drain, the step's collectives (tied embedding, gradient norm) wait for the stages
-    # that went idle first: on the critical path only, as idle time lends a shared core
+    # that went idle first and slept (Cluster.pipeline_sync)
     sync = cluster.pipeline_sync if p > 1 else 0.0
-    step = max(step + sync, shared or 0.0)
+    step = max(step, shared or 0.0) + sync
 
     stage, ledger = heaviest_stage(w, layout)
     tokens = w.global_batch * w.seq
@@ -74,25 +70,35 @@ def predict(w: Workload, layout: Layout, cluster: Cluster, simulate: bool = True
     tp_bytes = b * w.seq * w.config.n_embd * ACTIVATION_BYTES[w.precision]
     pp_bytes = tp_bytes / (t if w.sequence_parallel else 1)
     return {"step_seconds": step, "compute": m * work["compute"], "tp": m * work["tp"],
-            "pp": m * work["pp"] + embedding_time + sync, "bubble": bubble, "dp": dp_time, "optimizer": optimizer,
-            "gradients": gradients, "machinery": machinery,
+            "pp": m * work["pp"] + beside["embedding"] + sync, "bubble": bubble, "dp": beside["dp"],
+            "optimizer": beside["optimizer"], "gradients": beside["gradients"], "machinery": beside["machinery"],
             # idle share of all ranks, as a run measures it: time outside forward and backward (waits, messages)
             "bubble_fraction": 1 - m * sum(part["total"] - part["pp"] for part in parts) / (p * pipeline)
             if pipeline else 0.0,
-            "embedding": embedding_time, "pipeline_sync": sync, "micro_batch": b, "tokens_per_second": tokens / step,
+            "embedding": beside["embedding"], "pipeline_sync": sync, "micro_batch": b, "tokens_per_second": tokens / step,
             "tflops_per_device": flops / (cluster.gpus * step) / 1e12,
             "mfu": flops_per_step(w, recompute=False) / (cluster.gpus * step * cluster.flops),
             "bytes_sent": {"tp": tp_calls(w, layout) * 2 * (t - 1) / t * tp_bytes, "pp": pp_messages(p, m, v) * pp_bytes,
-                           "embedding": embedding, "dp": dp_sent},
+                           "embedding": beside["embedding_bytes"], "dp": beside["dp_sent"]},
             "memory": ledger, "memory_stage": stage, "fits": ledger["peak"] <= cluster.memory,
             "simulated": simulate or p == 1, "shared_cores_seconds": shared}
 
 
-def shared_cores_seconds(step: float, bubble: float, cluster: Cluster) -> float | None:
-    """With more ranks than CPU cores (4 ranks on a 2-core laptop), the least a step can take: every
-    rank's busy time, spread over the cores. A rank idle in the bubble sleeps in minidist's polite
-    wait and lends its core, so a pipeline's idle time is not counted; the step is then the larger
-    of this and the critical path at a core per rank. None when every rank has a core."""
-    if not cluster.cores or cluster.cores >= cluster.gpus:
-        return None
-    return (step - bubble) * cluster.gpus / cluster.cores
+def beside_pipeline(w: Workload, layout: Layout, cluster: Cluster, costs: tuple) -> dict:
+    """What a step spends outside its forwards and backwards (seconds), on the busiest rank: the
+    tied embedding's all-reduce between a pipeline's ends, the exposed data-parallel traffic (and
+    the bytes it sends), the update, the gradients' own memory passes, a strategy's bookkeeping."""
+    d, t, p = layout.dp, layout.tp, layout.pp
+    embedding = 0
+    if p > 1 and w.config.tie_weights:  # the tied embedding's two copies add their gradients once a step
+        embedding = config_for(w, t).vocab_size * w.config.n_embd // t * bytes_per_param(w)[1]
+    params = max(sum(rank_units(config_for(w, t), t, p, s, layout.virtual_stages)) for s in {0, p - 1})
+    layers = max(1, w.config.n_layer // (p * layout.virtual_stages))
+    first = costs[0][0]  # the first stage finishes its backward last
+    dp_time, dp_sent = data_parallel_seconds(w, layout, cluster, params, first.backward,
+                                             (first.forward / layers, first.backward / layers))
+    return {"embedding": all_reduce_seconds(embedding, "embedding", layout, cluster) if embedding else 0.0,
+            "embedding_bytes": embedding, "dp": dp_time, "dp_sent": dp_sent,
+            "optimizer": optimizer_seconds(params, layout.zero, d, cluster) + cluster.step_overhead,
+            "gradients": gradient_passes_seconds(w, layout, cluster, params),
+            "machinery": strategy_overhead_seconds(w, layout, cluster)}

@@ -280,7 +280,7 @@ def explain(rows: list[dict], name: str, cluster: Cluster) -> str:
     lines = [f"{'':<12}{name:>24}{best['name'] + ' (best)':>32}"]
     for key in keys:
         lines.append(f"{key:<12}{_time(mine[key], unit) + ' ' + u:>24}{_time(best[key], unit) + ' ' + u:>32}")
-    if mine["shared_cores_seconds"] is not None:  # the ranks share fewer cores: the step is at least this
+    if mine["shared_cores_seconds"] is not None:  # the ranks share fewer cores: the step before its end's wait
         shared = [_time(r["shared_cores_seconds"], unit) + " " + u for r in (mine, best)]
         lines.append(f"{'shared cores':<12}{shared[0]:>24}{shared[1]:>32}")
     lines.append(f"{'TFLOP/s':<12}{mine['tflops_per_device']:>24.1f}{best['tflops_per_device']:>32.1f}")

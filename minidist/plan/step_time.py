@@ -177,6 +177,12 @@ def pipeline_seconds(costs: tuple, schedule: str, p: int, m: int, v: int) -> flo
         events = S.simulate(plans, forward=lambda r, c: costs[r][c].forward, backward=lambda r, c: costs[r][c].backward)
         return max(e[3] for rank in events for e in rank)
 
+    return extended(makespan, schedule, p, m)
+
+
+def extended(makespan, schedule: str, p: int, m: int) -> float:
+    """`makespan(m)` of a pipeline, simulated only for its fill and a period or two: once every stage
+    is busy, each further micro-batch (GPipe, 1F1B) or group of p (interleaved) adds the same time."""
     period = p if schedule == "interleaved" else 1
     small = 4 * p if schedule == "interleaved" else p  # past the fill, a whole number of periods
     if m <= small + period:
