@@ -1,5 +1,6 @@
 """The planner's step time (minidist/plan/step_time.py), term by term against the formulas by hand,
 and the pipeline's simulated makespan against chapter 5's schedules. Pure arithmetic, no MPI."""
+import dataclasses
 import math
 import random
 
@@ -310,3 +311,24 @@ def test_two_measurements_of_the_yardsticks_keep_the_least_disturbed():
     assert (merged["message"], merged["engine"], merged["drain"]) == (1e-4, 6e-5, 7e-3)
     assert merged["strategies"] == pytest.approx({"tp": 2e-4, "zero3": 1.5e-3})
     assert least_disturbed({**first, "effective_cores": None}, {**second, "effective_cores": None})["effective_cores"] is None
+
+
+def test_the_fitted_wait_at_a_pipelines_end():
+    """bench plan's fit_cluster on made-up measurements: the wait at a pipeline's end is the engine
+    yardstick's drain-to-end time less what the model counts there (with the cores shared, as shared)."""
+    import argparse
+    from minidist.bench.plan import ALL_REDUCE_SIZES, ENGINE_MICROBATCHES, demo_workload, fit_cluster
+    config = GPTConfig(vocab_size=256, block_size=16, n_layer=4, n_head=2, n_embd=32)
+    args = argparse.Namespace(ranks=4, batch_size=16)
+    gemms = [(f, f / 5e10 + 2e-6) for f in (1e5, 1e6, 1e7, 1e8)]
+    measured = {"serial": {"batch": 0.030, "one": 0.004, "accumulated": 0.045}, "accumulated": 8, "peak": 6e10,
+                "streamed": 2e10, "gemms": gemms, "cores": 2, "effective_cores": 1.8,
+                "all_reduce": [4e-5 * (1 + size / 2 ** 20) for size in ALL_REDUCE_SIZES], "message": 3e-4,
+                "engine": 5e-5, "drain": 0.009, "strategies": {"tp": 2e-4, "zero2": 1e-4, "zero3": 3e-4, "mesh": 3e-4}}
+    cluster, facts = fit_cluster(config, args, measured)
+    assert cluster.cores == 1.8
+    engine_layout = Layout(pp=4, microbatches=ENGINE_MICROBATCHES)
+    counted = predict(demo_workload(config, 16), engine_layout, dataclasses.replace(cluster, pipeline_sync=0.0))
+    assert 0 < counted["outside_passes"] < 0.009
+    assert cluster.pipeline_sync == pytest.approx(0.009 - counted["outside_passes"])
+    assert facts["pipeline_sync_seconds"] == cluster.pipeline_sync

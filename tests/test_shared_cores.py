@@ -73,6 +73,7 @@ def test_the_planner_shares_the_cores_as_they_are():
     quiet_costs = stage_costs(w, one, without_latency(own), 16)  # rank's at once, takes twice its work
     update = sum(beside_pipeline(w, one, without_latency(own), quiet_costs)[k] for k in BESIDE)
     assert predict(w, one, shared)["step_seconds"] == pytest.approx(predict(w, one, own)["step_seconds"] + update)
+    assert predict(w, one, shared)["outside_passes"] == pytest.approx(predict(w, one, own)["outside_passes"] + update)
     four = Layout(pp=4, microbatches=4, schedule="1f1b")
     critical, busy = predict(w, four, own), predict(w, four, without_latency(own))
     work = busy["step_seconds"] - busy["bubble"]

@@ -26,9 +26,9 @@ timed on `--ranks` ranks gives alpha and beta (`comm.cost.fit_alpha_beta` on the
 2(n-1)(alpha + S/n beta)); each strategy's own bookkeeping is timed on one rank, where messages
 are free (`Cluster.strategy_overhead`). The model assumes no overlap here: minidist's collectives
 run on the training thread. With more ranks than cores (4 ranks on a 2-core machine) the ranks are
-not independent devices: a step takes at least every rank's busy time spread over the cores, and a
-rank idle in a pipeline's bubble lends its core to another (`Cluster.cores`,
-`predict.shared_cores_seconds`), and sleeps: after the drain, the step's last collectives wait
+not independent devices: the ranks that compute share the cores, and a rank that waits (in a
+pipeline's bubble, for a message, in a collective's latency) lends its core to them (`Cluster.cores`,
+`plan.shared_cores`), and sleeps: after the drain, the step's last collectives wait
 for such ranks to wake (a pipeline of one stage per rank, timed from its drain to its step's end,
 less what the model counts there, gives `Cluster.pipeline_sync`). The machine may be shared, so
 every time is the least disturbed of several: a run's time is its fastest step after the first,
@@ -170,11 +170,12 @@ def fit_cluster(config: GPTConfig, args, measured: dict) -> tuple[Cluster, dict]
     shrinks (Python's per-operation cost, `Cluster.layer_overhead`), the fixed cost of a step
     (`Cluster.step_overhead`) and the bandwidth minidist's element-wise work reaches; the
     all-reduce's times give alpha and beta (`comm.cost.fit_alpha_beta` on the ring's
-    2(n-1)(alpha + S/n beta)); with more ranks than cores, `Cluster.cores` (a step takes at least
-    the ranks' busy time over the cores); the message's delay, the engine's time
-    (`Cluster.engine_overhead`) and the strategies' own costs (`Cluster.strategy_overhead`, net
-    of the gradient passes the planner counts) as measured. Returns it with the facts bench plan
-    prints and writes."""
+    2(n-1)(alpha + S/n beta)); with more ranks than cores, `Cluster.cores` (the cores they share,
+    `plan.shared_cores`); the message's delay, the engine's time (`Cluster.engine_overhead`) and
+    the strategies' own costs (`Cluster.strategy_overhead`, net of the gradient passes the planner
+    counts) as measured; the wait at a pipeline's end (`Cluster.pipeline_sync`): the engine
+    yardstick's time from its drain to its step's end less what the model counts there. Returns it
+    with the facts bench plan prints and writes."""
     k, peak, serial, n = measured["accumulated"], measured["peak"], measured["serial"], args.ranks
     curve = fit_gemm_curve(measured["gemms"], peak)
 
@@ -207,8 +208,7 @@ def fit_cluster(config: GPTConfig, args, measured: dict) -> tuple[Cluster, dict]
     engine_run = predict(demo_workload(config, args.batch_size),
                          Layout(pp=min(n, config.n_layer), microbatches=math.gcd(args.batch_size, ENGINE_MICROBATCHES)),
                          cluster)
-    counted = sum(engine_run[key] for key in ("embedding", "dp", "optimizer", "gradients", "machinery"))
-    cluster = replace(cluster, pipeline_sync=max(0.0, measured["drain"] - counted))
+    cluster = replace(cluster, pipeline_sync=max(0.0, measured["drain"] - engine_run["outside_passes"]))
     facts = {"serial_step_seconds": serial["batch"], "serial_one_sequence_seconds": serial["one"],
              "serial_accumulated_seconds": serial["accumulated"], "serial_accumulated_microbatches": k,
              "serial_step_predicted": serial_prediction(args.batch_size, 1, overhead, per_step, bandwidth),

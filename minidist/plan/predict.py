@@ -23,7 +23,7 @@ from minidist.plan.stage_memory import (extra_bytes, heaviest_stage, in_flight, 
 from minidist.plan.step_time import (all_reduce_seconds, data_parallel_seconds, flops_per_step,  # noqa: F401
                                      gradient_passes_seconds, group_span, half_seconds, optimizer_seconds, pipeline_estimate, pipeline_seconds, pp_messages,
                                      stage_costs, strategy_overhead_seconds, tp_calls)
-from minidist.plan.shared_cores import shared_cores_seconds, without_latency
+from minidist.plan.shared_cores import all_at_once, shared_cores_seconds, without_latency
 from minidist.plan.workload import (ACTIVATION_BYTES, STATE_BYTES, Cluster, GemmCurve, Workload,  # noqa: F401
                                     bytes_per_param, chunk_layers, config_for, padded_vocab)
 from minidist.training.layout import Layout
@@ -35,7 +35,8 @@ BESIDE = ("embedding", "dp", "optimizer", "gradients", "machinery")  # a step's 
 def predict(w: Workload, layout: Layout, cluster: Cluster, simulate: bool = True) -> dict:
     """Step time split into compute, tp, pp, bubble, exposed dp, optimizer, the gradients' own
     memory passes and a strategy's own bookkeeping (`machinery`) — seconds, on the busiest rank —,
-    the bytes each rank sends per step on each axis, the speed a user can check (TFLOP/s per
+    the step's seconds outside its passes as the model counts them (`outside_passes`: with the
+    cores shared, slowed as they are), the bytes each rank sends per step on each axis, the speed a user can check (TFLOP/s per
     device, MFU) and the heaviest stage's memory.
     `simulate=False`: the pipeline's time from `pipeline_estimate` instead of the simulated
     schedule ("simulated" says which)."""
@@ -53,12 +54,14 @@ def predict(w: Workload, layout: Layout, cluster: Cluster, simulate: bool = True
     bubble = max(0.0, pipeline - m * work["total"])
     beside = beside_pipeline(w, layout, cluster, costs)
     step = pipeline + sum(beside[k] for k in BESIDE)
+    outside = step - pipeline
     shared = None
     if cluster.cores and cluster.cores < cluster.gpus:  # more ranks than cores: each waits at full speed,
         quiet = without_latency(cluster)                # works at the speed the shared cores allow
         busy = stage_costs(w, layout, quiet, b)
-        shared = shared_cores_seconds(layout, cluster, costs, busy, step - pipeline,
-                                      sum(beside_pipeline(w, layout, quiet, busy)[k] for k in BESIDE))
+        outside_busy = sum(beside_pipeline(w, layout, quiet, busy)[k] for k in BESIDE)
+        shared = shared_cores_seconds(layout, cluster, costs, busy, outside, outside_busy)
+        outside = all_at_once(outside, outside_busy, cluster)
     # after the drain, the step's collectives (tied embedding, gradient norm) wait for the stages
     # that went idle first and slept (Cluster.pipeline_sync)
     sync = cluster.pipeline_sync if p > 1 else 0.0
@@ -75,7 +78,8 @@ def predict(w: Workload, layout: Layout, cluster: Cluster, simulate: bool = True
             # idle share of all ranks, as a run measures it: time outside forward and backward (waits, messages)
             "bubble_fraction": 1 - m * sum(part["total"] - part["pp"] for part in parts) / (p * pipeline)
             if pipeline else 0.0,
-            "embedding": beside["embedding"], "pipeline_sync": sync, "micro_batch": b, "tokens_per_second": tokens / step,
+            "embedding": beside["embedding"], "outside_passes": outside, "pipeline_sync": sync, "micro_batch": b,
+            "tokens_per_second": tokens / step,
             "tflops_per_device": flops / (cluster.gpus * step) / 1e12,
             "mfu": flops_per_step(w, recompute=False) / (cluster.gpus * step * cluster.flops),
             "bytes_sent": {"tp": tp_calls(w, layout) * 2 * (t - 1) / t * tp_bytes, "pp": pp_messages(p, m, v) * pp_bytes,

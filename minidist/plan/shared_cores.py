@@ -112,16 +112,20 @@ def shared_cores_seconds(layout, cluster, costs: tuple, busy: tuple, beside: flo
     and `beside_busy`: the same of the step's time outside its passes (data-parallel traffic,
     update, bookkeeping), when every rank works at once. A layout without a pipeline has every
     rank computing at once too: its work takes N/C times as long, its waiting no longer."""
-    n, c = cluster.gpus, cluster.cores
-    slowdown = max(1.0, n / c)
     if layout.pp == 1:
-        full = layout.microbatches * sum(x.forward + x.backward for x in costs[0])
-        work = layout.microbatches * sum(x.forward + x.backward for x in busy[0])
-        passes = work * slowdown + (full - work)
+        m = layout.microbatches
+        passes = all_at_once(m * sum(x.forward + x.backward for x in costs[0]),
+                             m * sum(x.forward + x.backward for x in busy[0]), cluster)
     else:
         passes = _shared_pipeline(costs, busy, layout.schedule or "1f1b", layout.pp, layout.microbatches,
-                                  layout.virtual_stages, n // layout.pp, c)
-    return passes + beside_busy * slowdown + (beside - beside_busy)
+                                  layout.virtual_stages, cluster.gpus // layout.pp, cluster.cores)
+    return passes + all_at_once(beside, beside_busy, cluster)
+
+
+def all_at_once(seconds: float, work: float, cluster) -> float:
+    """`seconds` that every rank spends at the same moment, `work` of them computing: the work takes
+    N/C times as long on C cores shared by N ranks, the waiting no longer."""
+    return work * max(1.0, cluster.gpus / cluster.cores) + (seconds - work)
 
 
 @functools.lru_cache(maxsize=4096)
