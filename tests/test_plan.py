@@ -250,7 +250,7 @@ def test_cli_ranks_sharing_cores(tmp_path, capsys):
     assert main(["--gpus", "4", "--json", str(apart)]) == 0
     assert main(["--gpus", "4", "--cores", "2", "--explain", "pp4", "--json", str(shared)]) == 0
     out = capsys.readouterr().out
-    assert "sharing 2 cores" in out and "shared cores" in out
+    assert "sharing 2 cores" in out and "shared cores" in out and "\nsharing " in out
     rows = [{r["name"]: r for r in json.loads(p.read_text())["layouts"]} for p in (apart, shared)]
     # every rank computing at once: twice the work, the all-reduce's latency once (a few microseconds)
     dp_apart, dp_shared = rows[0]["dp4"]["step_seconds"], rows[1]["dp4"]["step_seconds"]

@@ -78,4 +78,8 @@ def test_the_planner_shares_the_cores_as_they_are():
     critical, busy = predict(w, four, own), predict(w, four, without_latency(own))
     work = busy["step_seconds"] - busy["bubble"]
     assert predict(w, four, shared)["step_seconds"] > max(critical["step_seconds"], 2 * work) * 1.02
+    four_shared = predict(w, four, shared)  # the parts add up to the step, the sharing one of them
+    parts = ("compute", "tp", "pp", "bubble", "dp", "optimizer", "gradients", "machinery", "sharing")
+    assert sum(four_shared[k] for k in parts) == pytest.approx(four_shared["step_seconds"])
+    assert four_shared["sharing"] == pytest.approx(four_shared["step_seconds"] - critical["step_seconds"])
     assert predict(w, Layout(dp=4), Cluster(4, 4, 1e12, **LINKS, cores=8))["shared_cores_seconds"] is None

@@ -34,7 +34,8 @@ BESIDE = ("embedding", "dp", "optimizer", "gradients", "machinery")  # a step's 
 
 def predict(w: Workload, layout: Layout, cluster: Cluster, simulate: bool = True) -> dict:
     """Step time split into compute, tp, pp, bubble, exposed dp, optimizer, the gradients' own
-    memory passes and a strategy's own bookkeeping (`machinery`) — seconds, on the busiest rank —,
+    memory passes, a strategy's own bookkeeping (`machinery`) and, with more ranks than cores, what
+    sharing them adds (`sharing`) — seconds, on the busiest rank —,
     the step's seconds outside its passes as the model counts them (`outside_passes`: with the
     cores shared, slowed as they are), the bytes each rank sends per step on each axis, the speed a user can check (TFLOP/s per
     device, MFU) and the heaviest stage's memory.
@@ -65,7 +66,8 @@ def predict(w: Workload, layout: Layout, cluster: Cluster, simulate: bool = True
     # after the drain, the step's collectives (tied embedding, gradient norm) wait for the stages
     # that went idle first and slept (Cluster.pipeline_sync)
     sync = cluster.pipeline_sync if p > 1 else 0.0
-    step = max(step, shared or 0.0) + sync
+    sharing = max(0.0, shared - step) if shared is not None else 0.0  # what the shared cores add
+    step += sharing + sync
 
     stage, ledger = heaviest_stage(w, layout)
     tokens = w.global_batch * w.seq
@@ -75,6 +77,7 @@ def predict(w: Workload, layout: Layout, cluster: Cluster, simulate: bool = True
     return {"step_seconds": step, "compute": m * work["compute"], "tp": m * work["tp"],
             "pp": m * work["pp"] + beside["embedding"] + sync, "bubble": bubble, "dp": beside["dp"],
             "optimizer": beside["optimizer"], "gradients": beside["gradients"], "machinery": beside["machinery"],
+            "sharing": sharing,
             # idle share of all ranks, as a run measures it: time outside forward and backward (waits, messages)
             "bubble_fraction": 1 - m * sum(part["total"] - part["pp"] for part in parts) / (p * pipeline)
             if pipeline else 0.0,

@@ -275,7 +275,8 @@ def explain(rows: list[dict], name: str, cluster: Cluster) -> str:
                          f"(python -m minidist.plan --layout {name} says why)")
     mine, best = by_name[name], rows[0]
     keys = ("compute", "tp", "pp", "bubble", "dp", "optimizer",
-            *(("gradients",) if mine["gradients"] or best["gradients"] else ()), "step_seconds")
+            *(("gradients",) if mine["gradients"] or best["gradients"] else ()),
+            *(("sharing",) if mine["sharing"] or best["sharing"] else ()), "step_seconds")
     unit, u = _unit(best["step_seconds"])
     lines = [f"{'':<12}{name:>24}{best['name'] + ' (best)':>32}"]
     for key in keys:
