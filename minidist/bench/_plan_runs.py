@@ -80,7 +80,8 @@ def median_of_runs(runs: list[dict[str, dict]]) -> dict:
                "measured_step_seconds": statistics.median(e["measured_step_seconds"] for e in records)}
         bubbles = [e["bubble"] for e in records if e.get("bubble") and e["bubble"].get("measured") is not None]
         if len(bubbles) == len(records):
-            row["bubble"] = {key: statistics.median(b[key] for b in bubbles) for key in ("measured", "predicted", "theory")}
+            row["bubble"] = {key: statistics.median(b[key] for b in bubbles)
+                             for key in ("measured", "predicted", "theory")}
         layouts.append(row)
     each = [spearman([r[n]["predicted_step_seconds"] for n in names], [r[n]["measured_step_seconds"] for n in names])
             for r in runs]

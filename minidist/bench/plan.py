@@ -261,7 +261,8 @@ def compare(row: dict, report: dict, workload: Workload) -> dict:
     pipeline = report.get("pipeline") or {}
     return {"layout": row["name"], "flags": demo_flags(row["layout"]), "predicted_step_seconds": row["step_seconds"],
             "measured_step_seconds": measured,
-            "predicted": {k: row[k] for k in ("compute", "bubble", "tp", "pp", "dp", "gradients", "machinery", "sharing")},
+            "predicted": {k: row[k] for k in ("compute", "bubble", "tp", "pp", "dp", "gradients", "machinery",
+                                              "sharing")},
             "bubble": {"predicted": row["bubble_fraction"], "measured": pipeline.get("bubble_measured"),
                        "theory": pipeline.get("bubble_theory")} if layout.pp > 1 else None,
             "memory": ranks, "traffic": traffic}

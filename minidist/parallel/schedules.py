@@ -222,7 +222,7 @@ def peak_in_flight(schedule: list[Instruction]) -> int:
 # ----------------------------------------------------------------------------- checking
 
 
-def _peer_of(ins: Instruction, rank: int, stages: int) -> tuple[int, Instruction]:
+def peer_of(ins: Instruction, rank: int, stages: int) -> tuple[int, Instruction]:
     """Where a message goes (or comes from), and the instruction that matches it there.
 
     Counted in virtual stages s = chunk * p + rank: activations go from s to s + 1, gradients from
@@ -265,7 +265,7 @@ def check(schedules: list[list[Instruction]]) -> None:
             raise ValueError(f"rank {r}: must end with exactly one optimizer step")
         for ins in schedule:
             if ins.kind in (SEND_ACT, RECV_ACT, SEND_GRAD, RECV_GRAD):
-                peer, match = _peer_of(ins, r, p)
+                peer, match = peer_of(ins, r, p)
                 if match.chunk < 0:
                     raise ValueError(f"rank {r}: {ins!r} has no neighbour (it is the first stage)")
                 if schedules[peer].count(match) != 1 or schedule.count(ins) != 1:
@@ -321,7 +321,7 @@ def simulate(schedules: list[list[Instruction]], forward=1.0, backward=2.0,
                 elif ins.kind == STEP:
                     pass
                 elif ins.kind in (SEND_ACT, SEND_GRAD):
-                    peer, match = _peer_of(ins, r, p)
+                    peer, match = peer_of(ins, r, p)
                     if blocking_sends:
                         if next_of(peer) != match:
                             break  # rendezvous: wait until the receiver is there
@@ -332,7 +332,7 @@ def simulate(schedules: list[list[Instruction]], forward=1.0, backward=2.0,
                     else:
                         posted[(r, ins)] = clock[r]
                 else:  # a receive: possible once the matching send was posted
-                    peer, match = _peer_of(ins, r, p)
+                    peer, match = peer_of(ins, r, p)
                     key = (peer, match)
                     if key not in posted:
                         break

@@ -10,6 +10,8 @@ links, and the layout's degrees — so all layouts can be *predicted* and ranked
     step_time.py     seconds per step: GEMMs at a size-dependent speed, element-wise work at memory
                      bandwidth, tp all-reduces on the critical path, the pipeline schedule
                      simulated with each stage's cost, the data-parallel traffic as it overlaps
+    shared_cores.py  more ranks than CPU cores (this machine): the schedule run with the cores
+                     shared among the ranks that compute, the waiting ones taking none
 
 Notation: B global batch, b micro-batch (sequences), m micro-batches per step, s sequence, h
 width, a heads, L layers, V vocabulary, p = pp stages, t = tp ranks, d = dp replicas, v model
@@ -35,9 +37,9 @@ BESIDE = ("embedding", "dp", "optimizer", "gradients", "machinery")  # a step's 
 def predict(w: Workload, layout: Layout, cluster: Cluster, simulate: bool = True) -> dict:
     """Step time split into compute, tp, pp, bubble, exposed dp, optimizer, the gradients' own
     memory passes, a strategy's own bookkeeping (`machinery`) and, with more ranks than cores, what
-    sharing them adds (`sharing`) — seconds, on the busiest rank —,
-    the step's seconds outside its passes as the model counts them (`outside_passes`: with the
-    cores shared, slowed as they are), the bytes each rank sends per step on each axis, the speed a user can check (TFLOP/s per
+    sharing them adds (`sharing`) — seconds, on the busiest rank —; the step's seconds outside its
+    passes as the model counts them (`outside_passes`: with the cores shared, slowed as they are);
+    the bytes each rank sends per step on each axis, the speed a user can check (TFLOP/s per
     device, MFU) and the heaviest stage's memory.
     `simulate=False`: the pipeline's time from `pipeline_estimate` instead of the simulated
     schedule ("simulated" says which)."""

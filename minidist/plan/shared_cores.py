@@ -60,7 +60,7 @@ def simulate_shared(plans: list, work, wait, ranks_per_stage: int, cores: float)
             if ins.kind in (S.SEND_ACT, S.SEND_GRAD):
                 posted.add((r, ins))
             elif ins.kind != S.STEP:  # a receive: on once its send is posted
-                key = S._peer_of(ins, r, p)
+                key = S.peer_of(ins, r, p)
                 if key not in posted:
                     return moved
                 posted.discard(key)
@@ -134,11 +134,14 @@ def _shared_pipeline(costs: tuple, busy: tuple, schedule: str, p: int, m: int, v
     def seconds(chunk, ins):
         return chunk.forward if ins.kind == S.FORWARD else chunk.backward
 
+    def work(r, ins):
+        return seconds(busy[r][ins.chunk], ins)
+
+    def wait(r, ins):
+        return seconds(costs[r][ins.chunk], ins) - work(r, ins)
+
     def makespan(micro: int) -> float:
-        events = simulate_shared(S.all_ranks(schedule, p, micro, v),
-                                 work=lambda r, ins: seconds(busy[r][ins.chunk], ins),
-                                 wait=lambda r, ins: seconds(costs[r][ins.chunk], ins) - seconds(busy[r][ins.chunk], ins),
-                                 ranks_per_stage=ranks_per_stage, cores=cores)
+        events = simulate_shared(S.all_ranks(schedule, p, micro, v), work, wait, ranks_per_stage, cores)
         return max(e[3] for stage in events for e in stage)
 
     return extended(makespan, schedule, p, m)
