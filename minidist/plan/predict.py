@@ -63,7 +63,7 @@ def predict(w: Workload, layout: Layout, cluster: Cluster, simulate: bool = True
         quiet = without_latency(cluster)                # works at the speed the shared cores allow
         busy = stage_costs(w, layout, quiet, b)
         outside_busy = sum(beside_pipeline(w, layout, quiet, busy)[k] for k in BESIDE)
-        shared = shared_cores_seconds(layout, cluster, costs, busy, outside, outside_busy)
+        shared = shared_cores_seconds(layout, cluster, costs, busy, outside, outside_busy, simulate)
         outside = all_at_once(outside, outside_busy, cluster)
     # after the drain, the step's collectives (tied embedding, gradient norm) wait for the stages
     # that went idle first and slept (Cluster.pipeline_sync)

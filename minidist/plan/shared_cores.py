@@ -24,7 +24,7 @@ import functools
 import heapq
 
 from minidist.parallel import schedules as S
-from minidist.plan.step_time import extended
+from minidist.plan.step_time import extended, pipeline_estimate
 
 _DONE = 1e-15  # seconds of work below which an operation is finished (floating-point dust)
 
@@ -106,19 +106,27 @@ def without_latency(cluster):
     return dataclasses.replace(cluster, intra_latency=0.0, inter_latency=0.0, p2p_latency=0.0)
 
 
-def shared_cores_seconds(layout, cluster, costs: tuple, busy: tuple, beside: float, beside_busy: float) -> float:
+def shared_cores_seconds(layout, cluster, costs: tuple, busy: tuple, beside: float, beside_busy: float,
+                         simulate: bool = True) -> float:
     """A step's seconds with `cluster.gpus` ranks on `cluster.cores` cores. `costs` and `busy`: each
     pipeline stage's chunk costs (`step_time.stage_costs`) in full and without latency; `beside`
     and `beside_busy`: the same of the step's time outside its passes (data-parallel traffic,
     update, bookkeeping), when every rank works at once. A layout without a pipeline has every
-    rank computing at once too: its work takes N/C times as long, its waiting no longer."""
-    if layout.pp == 1:
-        m = layout.microbatches
-        passes = all_at_once(m * sum(x.forward + x.backward for x in costs[0]),
-                             m * sum(x.forward + x.backward for x in busy[0]), cluster)
+    rank computing at once too: its work takes N/C times as long, its waiting no longer.
+    `simulate=False` (the planner's first pass over thousands of layouts): a pipeline's passes
+    bounded from below instead, by the larger of its critical path and all its work over the cores."""
+    m, p, v = layout.microbatches, layout.pp, layout.virtual_stages
+
+    def per_stage(chunks):
+        return m * sum(x.forward + x.backward for x in chunks)
+
+    if p == 1:
+        passes = all_at_once(per_stage(costs[0]), per_stage(busy[0]), cluster)
+    elif simulate:
+        passes = _shared_pipeline(costs, busy, layout.schedule or "1f1b", p, m, v, cluster.gpus // p, cluster.cores)
     else:
-        passes = _shared_pipeline(costs, busy, layout.schedule or "1f1b", layout.pp, layout.microbatches,
-                                  layout.virtual_stages, cluster.gpus // layout.pp, cluster.cores)
+        work_over_cores = sum(per_stage(work) for work in busy) * (cluster.gpus // p) / cluster.cores
+        passes = max(pipeline_estimate(costs, p, m, v), work_over_cores)
     return passes + all_at_once(beside, beside_busy, cluster)
 
 
