@@ -156,6 +156,8 @@ CASES = [  # (program, flag, arguments, ranks)
     (PLAN, "--match", ["--match", "zzz"], 1),
     (PLAN, "--timeout", ["--timeout", "0"], 1),
     (PLAN, "--json", ["--json", NO_DIR], 1),
+    (PLAN, "--median-of", ["--median-of", "empty.txt", "empty.txt"], 1),  # not a recorded run
+    (PLAN, "--median-of", ["--median-of", "no/such/run.json"], 1),
     (PRECISION, "--steps", ["--steps", "1"], 1),
     (PRECISION, "--batch-size", ["--batch-size", "0"], 1),
     (PRECISION, "--batch-size", ["--batch-size", "15"], 1),
