@@ -198,8 +198,8 @@ def build_parser():
     p.add_argument("--layer-overhead", type=cli.number(0), default=0.0,
                    help="fixed us per layer and micro-batch that no split shrinks (Python's cost, in minidist)")
     p.add_argument("--cores", type=cli.number(0.001),
-                   help="CPU cores the ranks share, when they outnumber them (4 ranks on a 2-core laptop): a step "
-                        "takes at least the ranks' busy time over the cores (default: a device each)")
+                   help="CPU cores the ranks share, when they outnumber them (4 ranks on a 2-core laptop): the "
+                        "ranks computing at a moment share them, the waiting ones take none (default: a device each)")
     p.add_argument("--layout", metavar="NAME", help="predict this one layout (e.g. dp4-tp8-pp12-m96) and its rank")
     p.add_argument("--explain", metavar="NAME", help="this layout's breakdown, and why it lost to the best")
     p.add_argument("--global-batch", type=positive, help="sequences per step (default: the preset's)")
