@@ -73,15 +73,18 @@ def group_span(axis: str, dp: int, tp: int, pp: int, gpus_per_node: int) -> tupl
 def all_reduce_seconds(nbytes: float, axis: str, layout: Layout, cluster: Cluster) -> float:
     """One all-reduce of `nbytes` in each group along `axis`: the ring's 2(n-1)α + 2(n-1)/n·S·β
     inside a node (`cost.predict`); across nodes the better of the flat ring and the hierarchical
-    all-reduce of the two-level model (`cost.predict_two_level`)."""
+    all-reduce of the two-level model (`cost.predict_two_level`). With `cluster.rails` > 1 the flat
+    ring runs as that many rings side by side (up to the group's members on a node), each on its
+    own NIC with its share of the bytes: the link between nodes is that many times as fast."""
     size, per_node, nodes = group_span(axis, layout.dp, layout.tp, layout.pp, cluster.gpus_per_node)
     if size == 1 or nbytes == 0:
         return 0.0
     if nodes == 1:
         return cost.predict("all_reduce", "ring", size, nbytes, *cluster.link(True))
-    inside, between = cluster.link(True), cluster.link(False)
-    return min(cost.predict_two_level(algorithm, per_node, nodes, nbytes, *inside, *between)
-               for algorithm in ("ring", "hierarchical"))
+    inside, (alpha, beta) = cluster.link(True), cluster.link(False)
+    rings = min(cluster.rails, per_node)
+    return min(cost.predict_two_level("ring", per_node, nodes, nbytes, *inside, alpha, beta / rings),
+               cost.predict_two_level("hierarchical", per_node, nodes, nbytes, *inside, alpha, beta))
 
 
 def half_seconds(nbytes: float, axis: str, layout: Layout, cluster: Cluster) -> float:

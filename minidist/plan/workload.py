@@ -66,6 +66,8 @@ class Cluster:
                                    # hides the host
     pipeline_sync: float = 0.0  # s a pipeline step's end waits, beyond what the model counts, for ranks that
                                 # idled through the drain (minidist's polite wait wakes them late); 0 on a GPU
+    rails: int = 1  # NICs of a node one ring across nodes sends through: 1, a group's traffic leaves each node at
+                    # one device's share; NCCL runs a ring per NIC, up to the group's members there (chapter 9)
 
     def overhead(self, engine: str) -> float:
         """`strategy_overhead`'s seconds for `engine` (0 where not measured)."""
