@@ -206,3 +206,39 @@ def ch09_step_breakdown():
               "dp": "dp (exposed)", "optimizer": "optimizer"}
     legend_below(fig, [Patch(color=c, label=labels[k]) for k, c in parts.items()], ncols=6)
     return fig
+
+
+@figure(9, "### The paper's trade-offs",
+        caption="The planner's predictions for four sweeps Narayanan et al. measured on 64 A100s, one line per "
+                "batch; the shaded band is where the paper's sentence puts the best (Figure 13: tp 8; 16: "
+                "micro-batch 2) or its ordering (14 and 15: the left end, falling to the right). Figure 13 and the "
+                "large batches agree; small batches of 14 and 15, and Figure 16, do not.",
+        alt="Four line charts of predicted TFLOP/s per GPU. Figure 13, tensor against pipeline size for a 162B "
+            "model: both batch sizes peak at tp 8, where the paper's best is shaded. Figure 14, pipeline against "
+            "data parallel size for a 5.9B model: at batch 512 the line falls from pp 2 to 32 as the paper found, "
+            "at batch 32 it rises to pp 8 first. Figure 15, tensor against data parallel size: at batch 512 it "
+            "falls from tp 2, at batches 32 and 128 it peaks at tp 8 and 4, and everywhere drops steeply beyond "
+            "tp 8. Figure 16, micro-batch size at tp 8 by pp 8 for a 91B model: both lines are highest at "
+            "micro-batch 1 where the paper's best, shaded, is 2.")
+def ch09_paper_tradeoffs():
+    from minidist.plan.against_sweeps import predictions
+    from minidist.plan.published_sweeps import FIGURE_13, FIGURE_14, FIGURE_15, FIGURE_16
+    panels = [(FIGURE_13, "tp", "tp (pp = 64 / tp)", 8), (FIGURE_14, "pp", "pp (dp = 64 / pp)", 2),
+              (FIGURE_15, "tp", "tp (dp = 64 / tp)", 2), (FIGURE_16, "micro_batch", "micro-batch (tp 8 × pp 8)", 2)]
+    fig, axes = plt.subplots(1, 4, figsize=(10, 2.9), sharey=True)
+    for ax, (sweep, knob, label, paper) in zip(axes, panels):
+        lines: dict[int, dict] = {}
+        for point, row in predictions(sweep).items():
+            lines.setdefault(point.global_batch, {})[getattr(point, knob)] = row["tflops_per_device"]
+        for i, (batch, line) in enumerate(sorted(lines.items())):
+            xs = sorted(line)
+            ax.plot(xs, [line[x] for x in xs], marker="o", ms=3.5, color=f"C{i}", label=f"batch {batch}")
+        ax.axvspan(paper / 1.3, paper * 1.3, color="#f2c94c", alpha=0.35, lw=0)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [str(x) for x in xs])
+        ax.minorticks_off()
+        ax.set(xlabel=label, title=sweep.name.replace("Narayanan 2021 ", ""))
+        ax.legend(fontsize=7, loc="lower left")
+    axes[0].set_ylabel("predicted TFLOP/s per GPU")
+    axes[0].set_ylim(0, 200)
+    return fig
