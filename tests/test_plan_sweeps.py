@@ -101,3 +101,11 @@ def test_memory_nobody_counts_moves_figure_17():
     assert peaks[4] == peaks[-1] and 71e9 < peaks[4] < 72e9
     found = [c for c in claims([FIGURE_17], memory=70e9)]
     assert all(c.holds for c in found) and found[2].planner == "2.02x"
+
+
+def test_the_command_prints_every_claim(capsys):
+    from minidist.plan.against_sweeps import main
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\nFigure ") == 12 and out.rstrip().endswith("7 of 12 claims hold")
+    assert main(["--rails"]) == 2 and "usage" in capsys.readouterr().err
