@@ -4,6 +4,7 @@ the sweeps, their run scripts and the paper's sentences in minidist/plan/publish
 What holds is asserted to hold; chapter 9 ("The paper's trade-offs") explains the claims that do not,
 and the what-ifs (`rails`, `memory`) that move them are asserted here with their cost."""
 import dataclasses
+import json
 
 import pytest
 
@@ -109,3 +110,24 @@ def test_the_command_prints_every_claim(capsys):
     out = capsys.readouterr().out
     assert out.count("\nFigure ") == 12 and out.rstrip().endswith("7 of 12 claims hold")
     assert main(["--rails"]) == 2 and "usage" in capsys.readouterr().err
+
+
+def test_cli_rails(tmp_path, capsys):
+    """python -m minidist.plan --rails 8: the 5.9B model's dp 32 x pp 2 (its dp ring over four nodes,
+    eight members on each) all-reduces eight times as fast between nodes; a layout whose dp group
+    has one member per node does not change; 0 rails is refused in one line."""
+    from minidist.plan.search import main
+    model = ["--n-layer", "32", "--n-embd", "3840", "--n-head", "32", "--vocab-size", "51200", "--seq-len", "2048",
+             "--gpus", "64", "--global-batch", "32", "--precision", "mixed", "--no-overlap", "--zero", "0"]
+    rows = {}
+    for rails in ("1", "8"):
+        path = tmp_path / f"rails{rails}.json"
+        assert main([*model, "--layout", "dp32-pp2-m1", "--rails", rails, "--json", str(path)]) == 0
+        rows[rails] = {r["name"]: r for r in json.loads(path.read_text())["layouts"]}
+    one, eight = rows["1"]["dp32-pp2"], rows["8"]["dp32-pp2"]
+    assert 7 < one["dp"] / eight["dp"] < 8.5 and eight["step_seconds"] < one["step_seconds"]
+    spread = "dp8-tp8"  # tp fills each node: every dp group has one member per node
+    assert rows["1"][spread]["dp"] == rows["8"][spread]["dp"]
+    with pytest.raises(SystemExit):
+        main([*model, "--rails", "0"])
+    assert "--rails" in capsys.readouterr().err

@@ -193,6 +193,10 @@ def build_parser():
     p.add_argument("--intra-latency", type=cli.number(0), help="latency inside a node, us")
     p.add_argument("--inter-bw", type=real, help="bandwidth between nodes, GB/s per device (default: the device's)")
     p.add_argument("--inter-latency", type=cli.number(0), help="latency between nodes, us")
+    p.add_argument("--rails", type=positive,
+                   help="rings a collective across nodes runs side by side, one per NIC, each with its share of "
+                        "the bytes (NCCL: up to the group's members on a node); default 1, which matches the "
+                        "ZeRO-3 runs Narayanan et al. measured (chapter 9, the paper's trade-offs)")
     p.add_argument("--tflops", type=real, help="peak TFLOP/s of one device's matrix units in the run's precision "
                                                "(default: the device's data sheet); the achieved speed is predicted")
     p.add_argument("--layer-overhead", type=cli.number(0), default=0.0,
@@ -245,7 +249,8 @@ def setup(args) -> tuple[Workload, Cluster]:
     changes = {field: getattr(args, flag) * scale for flag, field, scale in (
         ("gpus_per_node", "gpus_per_node", 1), ("memory", "memory", 1e9), ("intra_bw", "intra_bandwidth", 1e9),
         ("intra_latency", "intra_latency", 1e-6), ("inter_bw", "inter_bandwidth", 1e9),
-        ("inter_latency", "inter_latency", 1e-6), ("tflops", "flops", 1e12), ("cores", "cores", 1))
+        ("inter_latency", "inter_latency", 1e-6), ("tflops", "flops", 1e12), ("cores", "cores", 1),
+        ("rails", "rails", 1))
         if getattr(args, flag) is not None}
     cluster = Cluster.of(device, args.gpus, precision, layer_overhead=args.layer_overhead * 1e-6, **changes)
     return workload, cluster
