@@ -43,7 +43,10 @@ def workload_of(run: PublishedRun) -> Workload:
 
 
 def cluster_of(run: PublishedRun) -> Cluster:
-    return Cluster.of(load_device(run.device), run.gpus, "mixed", gpus_per_node=run.gpus_per_node)
+    """The run's GPUs as the device preset describes them, with the network the source states where
+    it differs from the preset's."""
+    network = {"inter_bandwidth": run.inter_bandwidth} if run.inter_bandwidth else {}
+    return Cluster.of(load_device(run.device), run.gpus, "mixed", gpus_per_node=run.gpus_per_node, **network)
 
 
 def stated_layout(run: PublishedRun) -> Layout:

@@ -36,7 +36,9 @@ How to read a record:
 - `zero`: 0 none, 1 ZeRO-1 / distributed optimizer (optimizer states sharded over data-parallel
   ranks), 2 optimizer states and gradients sharded, 3 ZeRO-3 / FSDP full shard (parameters too).
 - `vocab_size` is the size the source gives; the planner pads it as Megatron does.
-- `device` names a preset of `minidist/plan/hardware.py`.
+- `device` names a preset of `minidist/plan/hardware.py`; `inter_bandwidth` replaces the preset's
+  network between nodes where the source states another (BLOOM's Jean Zay: four 100 Gb/s Omni-Path
+  links for eight GPUs).
 """
 from __future__ import annotations
 
@@ -71,6 +73,8 @@ class PublishedRun:
     notes: str = ""
     state_bytes: tuple | None = None  # (params, grads, optimizer) bytes per parameter, where documented
     ddp: str = ""                     # "torch", "local" or "" (not stated)
+    inter_bandwidth: float | None = None  # bytes/s per GPU between nodes, where the source states a network
+                                          # unlike the device preset's (None: the preset's)
 
 
 # ----------------------------------------------------------------------------- Narayanan et al. 2021
@@ -284,8 +288,9 @@ OTHER_RUNS: tuple[PublishedRun, ...] = (
         device="a100-80gb", gpus=384, gpus_per_node=8, n_layer=70, n_embd=14336, n_head=112,
         vocab_size=250880, seq=2048, global_batch=2048, tp=4, pp=12, dp=8, micro_batch=2, zero=1,
         virtual_stages=None, sequence_parallel=False, context_parallel=1, recompute="full", precision="mixed",
-        tflops_per_gpu=150.0, parameters=176.247e9,
-        notes="Jean Zay, 48 nodes of 8 x A100 80GB (4 NVLink, 4 x 100 Gb/s Omni-Path per node); Megatron-DeepSpeed, "
+        tflops_per_gpu=150.0, parameters=176.247e9, inter_bandwidth=4 * 100e9 / 8 / 8,
+        notes="Jean Zay, 48 nodes of 8 x A100 80GB (4 NVLink, 4 x 100 Gb/s Omni-Path per node, BLOOM paper p. 18: "
+              "6.25 GB/s per GPU between nodes, a quarter of the A100 preset's 25); Megatron-DeepSpeed, "
               "bf16. TP=4, PP=12, DP=8, MBS=2 (MBS=1 until the batch ramp-up reached GBS 784). ZeRO-1: DeepSpeed "
               "stage 0 with the BF16 optimizer, which \"implements its own zero stage 1\". Activation checkpointing "
               "on. Throughput in hardware TFLOPs (counting recomputation): \"~150 TFLOPs per GPU\"; the logged "
