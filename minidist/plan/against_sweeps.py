@@ -96,35 +96,40 @@ def figure_12(predicted) -> list[Claim]:
             Claim("Figure 12", "the gap closes as the batch grows", _falls(list(gain.values())), shown)]
 
 
-def figure_13(predicted) -> list[Claim]:
-    by = _by_batch(predicted, key=lambda point: point.tp)
+def _peaks_at(figure: str, predicted, knob: str, expected: int, says: str) -> Claim:
+    """At every batch of the sweep, the fastest value of `knob` (a SweepPoint field) is `expected`."""
+    by = _by_batch(predicted, key=lambda point: getattr(point, knob))
+    name = knob.replace("_", "-")
     best = {b: max(row, key=row.get) for b, row in by.items()}
-    return [Claim("Figure 13", "peak at tp = 8 (one node) at every batch", all(t == 8 for t in best.values()),
-                  "; ".join(f"batch {b}: tp {_row(row)} TFLOP/s, best tp {best[b]}" for b, row in by.items()))]
+    return Claim(figure, says, all(v == expected for v in best.values()),
+                 "; ".join(f"batch {b}: {name} {_row(row)} TFLOP/s, best {name} {best[b]}" for b, row in by.items()))
+
+
+def _falls_with(figure: str, predicted, knob: str, says: str) -> Claim:
+    """At every batch of the sweep, each larger value of `knob` is slower."""
+    by = _by_batch(predicted, key=lambda point: getattr(point, knob))
+    return Claim(figure, says, all(_falls(list(row.values())) for row in by.values()),
+                 "; ".join(f"batch {b}: {knob} {_row(row)} TFLOP/s" for b, row in by.items()))
+
+
+def figure_13(predicted) -> list[Claim]:
+    return [_peaks_at("Figure 13", predicted, "tp", 8, "peak at tp = 8 (one node) at every batch")]
 
 
 def figure_14(predicted) -> list[Claim]:
-    by = _by_batch(predicted, key=lambda point: point.pp)
-    return [Claim("Figure 14", "at every batch, slower as the pipeline deepens (pp 2 to 32)",
-                  all(_falls(list(row.values())) for row in by.values()),
-                  "; ".join(f"batch {b}: pp {_row(row)} TFLOP/s" for b, row in by.items()))]
+    return [_falls_with("Figure 14", predicted, "pp", "at every batch, slower as the pipeline deepens (pp 2 to 32)")]
 
 
 def figure_15(predicted) -> list[Claim]:
     by = _by_batch(predicted, key=lambda point: point.tp)
-    shown = "; ".join(f"batch {b}: tp {_row(row)} TFLOP/s" for b, row in by.items())
     across = all(max(row[16], row[32]) < min(v for t, v in row.items() if t <= 8) for row in by.values())
+    grows = _falls_with("Figure 15", predicted, "tp", "at every batch, slower as tp grows (tp 2 to 32)")
     return [Claim("Figure 15", "tp across nodes (16, 32) slower than every tp inside one at every batch", across,
-                  shown),
-            Claim("Figure 15", "at every batch, slower as tp grows (tp 2 to 32)",
-                  all(_falls(list(row.values())) for row in by.values()), shown)]
+                  grows.planner), grows]
 
 
 def figure_16(predicted) -> list[Claim]:
-    by = _by_batch(predicted, key=lambda point: point.micro_batch)
-    best = {b: max(row, key=row.get) for b, row in by.items()}
-    return [Claim("Figure 16", "micro-batch 2 the fastest at batch 128 and 512", all(m == 2 for m in best.values()),
-                  "; ".join(f"batch {b}: micro-batch {_row(row)} TFLOP/s, best {best[b]}" for b, row in by.items()))]
+    return [_peaks_at("Figure 16", predicted, "micro_batch", 2, "micro-batch 2 the fastest at batch 128 and 512")]
 
 
 def figure_17(predicted) -> list[Claim]:
@@ -140,7 +145,8 @@ def figure_17(predicted) -> list[Claim]:
     largest = predicted[largest]["memory"]["peak"]  # without recomputation, at the largest batch
     return [Claim("Figure 17", "where both fit, recomputation costs a fifth to a third of the sequences/s",
                   bool(cost) and all(0.20 <= c <= 0.34 for c in cost),
-                  f"{min(cost):.0%} to {max(cost):.0%} at batches {both[0]}-{both[-1]}"),
+                  f"{min(cost):.0%}" + ("" if f"{min(cost):.0%}" == f"{max(cost):.0%}" else f" to {max(cost):.0%}")
+                  + f" at every batch from {both[0]} to {both[-1]}"),
             Claim("Figure 17", "without recomputation the larger batches do not fit in memory",
                   bool(unfit) and all(rate[b, True] for b in unfit),
                   f"without recomputation batches {unfit} do not fit" if unfit else
