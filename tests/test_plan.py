@@ -354,3 +354,17 @@ def test_the_decision_table(model, batch, recompute, gpus, zero, best):
     w = Workload(GPTConfig(**model), batch, model["block_size"], "mixed", recompute=recompute)
     rows = plan(w, Cluster(gpus), zero_stages=zero)
     assert rows[0]["name"] == best and rows[0]["fits"]
+
+
+def test_cli_scatter_gather(tmp_path, capsys):
+    """--scatter-gather: a pipeline's messages travel in tp pieces (a quarter of the bytes at tp 4),
+    and the banner says so."""
+    rows = {}
+    for flags in ([], ["--scatter-gather"]):
+        path = tmp_path / f"{len(flags)}.json"
+        assert main(["--model", "gpt2", "--gpus", "16", "--gpus-per-node", "4", "--layout", "dp2-tp4-pp2-m8",
+                     *flags, "--json", str(path)]) == 0
+        rows[len(flags)] = {r["name"]: r for r in json.loads(path.read_text())["layouts"]}["dp2-tp4-pp2-m8"]
+    assert "scatter/gather" in capsys.readouterr().out
+    assert rows[1]["bytes_sent"]["pp"] == pytest.approx(rows[0]["bytes_sent"]["pp"] / 4)
+    assert rows[1]["pp"] < rows[0]["pp"]

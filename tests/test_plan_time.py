@@ -82,6 +82,28 @@ def test_each_stage_pays_for_the_messages_its_schedule_sends(schedule, p, v):
         assert m * sum(c.parts()["pp"] for c in costs[rank]) == pytest.approx(sends * costs[rank][0].message)
 
 
+def test_scatter_gather_sends_a_tp_ranks_piece_and_gathers_it_inside_the_node():
+    """Megatron-LM's scatter/gather: with tp 4 and the stages on two nodes, each tp rank sends 1/4 of
+    the b·s·h activation across the network, and the receivers all-gather it over their node's
+    links; with sequence parallelism the pieces stay apart (no gather); without tp nothing changes."""
+    w = Workload(CFG, 16, 32, "fp32", "minidist")
+    cut = dataclasses.replace(w, scatter_gather=True)
+    layout = Layout(tp=4, pp=2, microbatches=4, schedule="1f1b")
+    cluster = Cluster(8, 4, 1e12, **LINKS)  # stage 0 on node 0, stage 1 on node 1
+    b, activation = 2, 2 * 32 * 64 * 4
+    whole, pieces = (stage_costs(x, layout, cluster, b)[0][0].message for x in (w, cut))
+    assert whole == pytest.approx(1e-5 + activation / 1e9)
+    gather = 3 * 1e-6 + 3 / 4 * activation / 1e10  # ring all-gather of 4 inside the node
+    assert pieces == pytest.approx(1e-5 + activation / 4 / 1e9 + gather)
+    split = dataclasses.replace(cut, sequence_parallel=True)
+    assert stage_costs(split, layout, cluster, b)[0][0].message == pytest.approx(1e-5 + activation / 4 / 1e9)
+    plain = Layout(pp=2, microbatches=4, schedule="1f1b")
+    assert stage_costs(cut, plain, Cluster(2, 1, 1e12, **LINKS), 8)[0][0].message == \
+        stage_costs(w, plain, Cluster(2, 1, 1e12, **LINKS), 8)[0][0].message
+    sent = [predict(x, layout, cluster)["bytes_sent"]["pp"] for x in (w, cut)]
+    assert sent[1] == pytest.approx(sent[0] / 4)
+
+
 @pytest.mark.parametrize("schedule, v", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2)])
 def test_equal_stages_give_the_bubble_formula(schedule, v):
     p, m = 4, 8

@@ -23,7 +23,8 @@ from minidist.plan.stage_memory import (extra_bytes, heaviest_stage, in_flight, 
                                         layer_activation_bytes, rank_ledger, rank_parameter_count, rank_units,
                                         stage_activation_bytes, stage_ledger, state_bytes)
 from minidist.plan.step_time import (all_reduce_seconds, data_parallel_seconds, flops_per_step,  # noqa: F401
-                                     gradient_passes_seconds, group_span, half_seconds, optimizer_seconds, pipeline_estimate, pipeline_seconds, pp_messages,
+                                     gradient_passes_seconds, group_span, half_seconds, message_split,
+                                     optimizer_seconds, pipeline_estimate, pipeline_seconds, pp_messages,
                                      stage_costs, strategy_overhead_seconds, tp_calls)
 from minidist.plan.shared_cores import all_at_once, shared_cores_seconds, without_latency
 from minidist.plan.workload import (ACTIVATION_BYTES, STATE_BYTES, Cluster, GemmCurve, Workload,  # noqa: F401
@@ -75,7 +76,7 @@ def predict(w: Workload, layout: Layout, cluster: Cluster, simulate: bool = True
     tokens = w.global_batch * w.seq
     flops = flops_per_step(w)
     tp_bytes = b * w.seq * w.config.n_embd * ACTIVATION_BYTES[w.precision]
-    pp_bytes = tp_bytes / (t if w.sequence_parallel else 1)
+    pp_bytes = tp_bytes / message_split(w, t)
     return {"step_seconds": step, "compute": m * work["compute"], "tp": m * work["tp"],
             "pp": m * work["pp"] + beside["embedding"] + sync, "bubble": bubble, "dp": beside["dp"],
             "optimizer": beside["optimizer"], "gradients": beside["gradients"], "machinery": beside["machinery"],

@@ -217,6 +217,8 @@ def build_parser():
                         "fp32/fp64, megatron for mixed)")
     p.add_argument("--recompute", action="store_true", help="full activation recomputation (Megatron-LM 2021)")
     p.add_argument("--sequence-parallel", action="store_true", help="split the replicated activations by tp")
+    p.add_argument("--scatter-gather", action="store_true",
+                   help="send each pipeline message in tp pieces, gathered inside the receiving node (Megatron-LM)")
     p.add_argument("--no-overlap", action="store_true", help="count all data-parallel communication as exposed")
     p.add_argument("--zero", type=cli.listof(cli.integer(0, 3)), default=[0, 1, 2, 3], help="ZeRO stages to try")
     p.add_argument("--schedules", type=cli.listof(cli.one_of(SCHEDULES)), default=list(SCHEDULES))
@@ -244,7 +246,8 @@ def setup(args) -> tuple[Workload, Cluster]:
     workload = Workload(config, args.global_batch or batch, config.block_size, precision, activations,
                         args.recompute, args.sequence_parallel, not args.no_overlap,
                         pad if args.pad_vocab is None else args.pad_vocab,
-                        state_bytes=tuple(args.state_bytes) if args.state_bytes else None)
+                        state_bytes=tuple(args.state_bytes) if args.state_bytes else None,
+                        scatter_gather=args.scatter_gather)
     device = load_device(args.device)
     changes = {field: getattr(args, flag) * scale for flag, field, scale in (
         ("gpus_per_node", "gpus_per_node", 1), ("memory", "memory", 1e9), ("intra_bw", "intra_bandwidth", 1e9),
@@ -333,7 +336,8 @@ def main(argv=None) -> int:
     c = workload.config
     nodes = -(-cluster.gpus // cluster.gpus_per_node)
     how = "".join(f", {word}" for word, on in (("recompute", workload.recompute),
-                                                ("sequence parallel", workload.sequence_parallel)) if on)
+                                                ("sequence parallel", workload.sequence_parallel),
+                                                ("scatter/gather", workload.scatter_gather)) if on)
     print(f"GPT {c.n_layer} x {c.n_embd} ({c.n_head} heads, vocab {c.vocab_size}, seq {workload.seq}), "
           f"global batch {workload.global_batch}, {workload.precision} "
           f"({'+'.join(f'{b:g}' for b in bytes_per_param(workload))} bytes per parameter), "

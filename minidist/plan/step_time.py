@@ -202,6 +202,13 @@ def pipeline_estimate(costs: tuple, p: int, m: int, v: int) -> float:
     return m * max(work) + (sum(work) - max(work)) / v
 
 
+def message_split(w, t: int) -> int:
+    """Into how many pieces a pipeline message is cut, each sent by one tp rank: t when the activation
+    is already split along the sequence (sequence parallelism) or is cut for the trip (Megatron-LM's
+    scatter/gather, chapter 9), else 1 (every tp rank holds it whole and one copy travels)."""
+    return t if w.sequence_parallel or w.scatter_gather else 1
+
+
 def stage_costs(w, layout: Layout, cluster, b: int) -> tuple:
     """(StageCost per chunk) per pipeline rank, for one micro-batch of b sequences."""
     c, s, t, p, v = w.config, w.seq, layout.tp, layout.pp, layout.virtual_stages
@@ -223,7 +230,10 @@ def stage_costs(w, layout: Layout, cluster, b: int) -> tuple:
         _, _, nodes = group_span("pp", layout.dp, t, p, cluster.gpus_per_node)
         alpha, beta = cluster.link(nodes == 1)
         alpha = cluster.p2p_latency if cluster.p2p_latency is not None else alpha
-        message = alpha + b * s * h * item / (t if w.sequence_parallel else 1) * beta
+        activation = b * s * h * item
+        message = alpha + activation / message_split(w, t) * beta
+        if w.scatter_gather and t > 1 and not w.sequence_parallel:  # the receivers put the pieces together
+            message += cost.predict("all_gather", "ring", t, activation, *cluster.link(True))
         engine = cluster.engine_overhead  # the engine's own time after each pass, idle as a run measures it
     per_rank = []
     for rank in range(p):

@@ -109,6 +109,8 @@ class Workload:
                                       # other than STATE_BYTES[precision]: Megatron-LM's fp16 optimizer 2 + 2 + 16
     gradient_copies: int = 1       # copies of the gradients a rank holds: 2 under PyTorch's DDP when its
                                    # buckets copy them (gradient_as_bucket_view off, its default)
+    scatter_gather: bool = False   # Megatron-LM's scatter/gather of pipeline messages: each tp rank sends its
+                                   # 1/t of the activation, the receivers all-gather it inside their node
 
 
 def bytes_per_param(w: Workload) -> tuple:
