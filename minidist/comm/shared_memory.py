@@ -12,7 +12,8 @@ why a message-only algorithm in Python could not keep up with them. minidist's
 The protocol for one array of S bytes on N ranks, in call number k (every rank of the group
 makes the same calls in the same order, so every rank counts the same k):
 
-  1. rank r copies its array into its slot r of the window and raises its flag: arrived[r] = k;
+  1. rank r copies its array into its slot r of the window (large arrays: all but the chunk r
+     it reduces itself, which nobody else reads) and raises its flag: arrived[r] = k;
   2. it waits until every arrived[j] >= k: all N arrays are in memory;
   3. small arrays (up to SMALL bytes): every rank adds up all N slots itself, in the order
      0, 1, ..., N-1, so every rank gets the same bits. One handshake, done.
@@ -208,23 +209,32 @@ class SharedWindow:
         self.calls += 1
         k, n, r = self.calls, self.size, self.rank
         slots, result = self.views(k & 1, x.dtype, x.size)  # slots[j] is rank j's
-        np.copyto(slots[r], x)
-        self.raise_flag(ARRIVED, k, ctx.counts)
-        yield self.wait_for(ARRIVED, k)
-        self.win.Sync()  # their flags seen, now their data
         counts = ctx.counts
         if x.nbytes <= SMALL:  # everyone adds up everything, in the same order
+            np.copyto(slots[r], x)
+            self.raise_flag(ARRIVED, k, counts)
+            yield self.wait_for(ARRIVED, k)
+            self.win.Sync()  # their flags seen, now their data
             _reduce(slots, op, x, n if average else None)
             counts.bytes_sent += (n - 1) * x.nbytes     # everyone read my whole slot
             counts.bytes_received += (n - 1) * x.nbytes
             return
+        # Large: the others read only their chunks of my slot, so only those are copied in; my own
+        # chunk I add up straight from my array (the same values in the same order: the same bits).
         a, b = chunk_bounds(x.size, n)[r]
+        np.copyto(slots[r][:a], x[:a])
+        np.copyto(slots[r][b:], x[b:])
+        self.raise_flag(ARRIVED, k, counts)
+        yield self.wait_for(ARRIVED, k)
+        self.win.Sync()  # their flags seen, now their data
         mine = result[a:b]
-        _reduce([s[a:b] for s in slots], op, mine, n if average else None)
+        _reduce([x[a:b] if j == r else s[a:b] for j, s in enumerate(slots)], op, mine, n if average else None)
+        np.copyto(x[a:b], mine)  # still in the cache
         self.raise_flag(REDUCED, k, counts)
         yield self.wait_for(REDUCED, k)
         self.win.Sync()
-        np.copyto(x, result)
+        np.copyto(x[:a], result[:a])
+        np.copyto(x[b:], result[b:])
         mine_bytes = (b - a) * x.itemsize  # others read their chunks of my slot, then my chunk of the result
         moved = (x.nbytes - mine_bytes) + (n - 1) * mine_bytes
         counts.bytes_sent += moved
