@@ -241,7 +241,9 @@ def all_reduce(array: np.ndarray, op: str = "sum", group: World | None = None,
     algorithm = choose_all_reduce(algorithm, world, buf.nbytes)
     if fast_paths.exchange_applies(world, buf, algorithm, async_op, timeline.RECORDER is not None):
         fast_paths.exchange_two(world, buf, ufunc, _KIND[algorithm])  # the same, without the step machinery
-        return _run(None, None, array, False, finish)
+        if finish is not None:
+            finish()
+        return array
     if algorithm == "shared_memory":  # it divides each reduced chunk itself, while the chunk is in cache
         return _run_in_order(shared_memory.window(world), buf, ufunc, array, async_op, average=(op == "avg"))
     ctx = _Ctx(world, _KIND[algorithm])
@@ -265,6 +267,20 @@ def choose_all_reduce(algorithm: str, world: World, nbytes: int) -> str:
     algorithm measured fastest for this group and size comes first."""
     if algorithm != "auto":
         return algorithm
+    # the answer depends only on the group and the size: worked out once per size (a small call's microsecond)
+    remembered = world.cache.get("auto")
+    if remembered is None:
+        remembered = world.cache["auto"] = {}
+    chosen = remembered.get(nbytes)
+    if chosen is None:
+        chosen = _auto_choice(world, nbytes)
+        if len(remembered) < 1024:  # a job's sizes are few; a stream of ever new ones is not kept
+            remembered[nbytes] = chosen
+    return chosen
+
+
+def _auto_choice(world: World, nbytes: int) -> str:
+    """choose_all_reduce's answer for algorithm="auto", worked out."""
     if tuning.table_path() is not None:
         tuned = tuning.lookup(world.size, len(hierarchical.hierarchy(world).per_node), nbytes, known=_NAMES)
         if tuned is not None and (tuned != "shared_memory" or shared_memory.window_or_none(world) is not None):

@@ -46,15 +46,34 @@ def exchange_two(world, buf: np.ndarray, ufunc, kind: str) -> None:
     """All-reduce `buf` in place on a group of two: swap with the other rank, then `ufunc` (the
     same on both sides: a + b == b + a exactly, so both ranks hold the same bits)."""
     peer, comm, tag = 1 - world.rank, world.coll_comm, world.next_tag()
-    theirs = np.empty_like(buf)
+    cache = world.cache
+    theirs = _receive_buffer(cache, buf)
     requests = [comm.Irecv([theirs, _BYTE], peer, tag), comm.Isend([buf, _BYTE], peer, tag)]
     if not _testall(requests):
         poll(requests, None, lambda: [Request(requests[0], "recv", peer, tag, buf.nbytes, kind, world),
                                       Request(requests[1], "send", peer, tag, buf.nbytes, kind, world)])
-    counts = traffic.counter(traffic.labelled(kind, world))
+    counts = cache.get(kind)
+    if counts is None:
+        counts = cache[kind] = traffic.counter(traffic.labelled(kind, world))
     counts.calls += 1
     counts.messages += 1
     counts.messages_received += 1
     counts.bytes_sent += buf.nbytes
     counts.bytes_received += buf.nbytes
     ufunc(buf, theirs, out=buf)
+
+
+def _receive_buffer(cache: dict, buf: np.ndarray) -> np.ndarray:
+    """Where the peer's array lands: kept per (dtype, size) on the group, since each call ends
+    before it returns (a fresh array costs a small call's half microsecond). A few dozen are
+    kept; a stream of ever new sizes gets fresh arrays."""
+    buffers = cache.get("exchange buffers")
+    if buffers is None:
+        buffers = cache["exchange buffers"] = {}
+    key = (buf.dtype, buf.size)
+    theirs = buffers.get(key)
+    if theirs is None:
+        theirs = np.empty_like(buf)
+        if len(buffers) < 64:  # at most 64 x STAGE_BYTES held
+            buffers[key] = theirs
+    return theirs
