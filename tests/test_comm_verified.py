@@ -41,6 +41,10 @@ def verified_program():
     out["one node"] = ranks_share_a_node(world.comm)  # as MPI reports it (MINIDIST_NODES may say otherwise)
     out["auto"] = choose_all_reduce("auto", world, 1 << 20)
     out["auto 48 bytes"] = choose_all_reduce("auto", world, 48)
+    out["auto 4 MB"] = choose_all_reduce("auto", world, 4 << 20)
+    out["auto 64 MB"] = choose_all_reduce("auto", world, 64 << 20)
+    dist.all_reduce(big := np.full(1 << 20, float(world.rank)), group=group)  # 8 MB
+    out["big sum ok"] = bool(np.all(big == sum(range(world.size))))
     out["auto x"], out["x bytes"] = choose_all_reduce("auto", world, x.nbytes), x.nbytes
     out["named"] = choose_all_reduce("ring", world, 1 << 20)
     traffic.reset()
@@ -94,10 +98,14 @@ def test_auto_is_shared_memory_on_one_machine_and_the_default_can_be_set(results
             small = "recursive_doubling" if n == 2 else "shared_memory"
             assert out["auto 48 bytes"] == small and out["auto x"] == ("shared_memory" if out["x bytes"] >= 16384 else small)
             assert out["after kinds"] == [f"all_reduce.{out['auto x']}"]
+            # two ranks and a large array: messages, each copied once from process to process
+            large = "halving_doubling" if n == 2 else "shared_memory"
+            assert out["auto 4 MB"] == out["auto 64 MB"] == large
         else:  # across nodes, messages (which algorithm: tests/test_comm_hierarchical.py)
             assert out["auto"] != "shared_memory"
             assert out["after kinds"][0] == f"all_reduce.{out['auto 48 bytes']}"
         assert out["named"] == "ring"
+        assert out["big sum ok"]
         assert out["default ring kinds"] == ["all_reduce.ring", "all_reduce.tree"]
         assert out["default ring ok"]
         assert "unknown all-reduce algorithm 'rign'" in out["bad name"]

@@ -255,7 +255,8 @@ def choose_all_reduce(algorithm: str, world: World, nbytes: int) -> str:
 
     On one machine, the shared-memory window: every rank adds its share straight into the
     others' memory, no messages at all (shared_memory.py); except for two ranks and an array
-    below 16 KB, where a single exchange of messages (recursive doubling) is faster. Across machines with several ranks
+    below 16 KB, where a single exchange of messages (recursive doubling) is faster, or from
+    4 MB, where halving-doubling's messages (each copied once, process to process) are. Across machines with several ranks
     on some machine, the hierarchical all-reduce: reduce inside each machine, all-reduce among
     one leader per machine, broadcast inside (hierarchical.py), so that few bytes cross the
     expensive links. One rank per machine: the message algorithm the alpha-beta model
@@ -286,14 +287,20 @@ def _auto_choice(world: World, nbytes: int) -> str:
         if tuned is not None and (tuned != "shared_memory" or shared_memory.window_or_none(world) is not None):
             return tuned
     if shared_memory.window_or_none(world) is not None:
-        # two ranks, a small array: one exchange of messages beats the window's two flag rounds
-        return "recursive_doubling" if world.size == 2 and nbytes < SMALL_FOR_TWO else "shared_memory"
+        if world.size == 2 and nbytes < SMALL_FOR_TWO:
+            return "recursive_doubling"  # one exchange of messages beats the window's two flag rounds
+        if world.size == 2 and nbytes >= LARGE_FOR_TWO:
+            # MPI hands a large message from process to process in one copy; the window needs
+            # every byte copied in and read out again
+            return "halving_doubling"
+        return "shared_memory"
     if hierarchical.hierarchy(world).spans_nodes_with_neighbours:
         return "hierarchical"
     return auto_algorithm(nbytes, world.size)
 
 
 SMALL_FOR_TWO = 16 << 10  # measured (bench collectives --tune, 2 ranks): below it recursive doubling wins
+LARGE_FOR_TWO = 4 << 20   # measured (2 ranks): from here halving-doubling's messages beat the window
 
 _DEFAULT_ALGORITHM = ["auto"]
 
