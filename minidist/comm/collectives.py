@@ -192,7 +192,7 @@ def _flat(array: np.ndarray, name: str) -> np.ndarray:
 
 
 def _sixteen_bit(dtype) -> bool:
-    return np.dtype(dtype).name in ("float16", "bfloat16")
+    return shared_memory.sixteen_bit(np.dtype(dtype))
 
 
 def _predivide(array: np.ndarray, n: int, out: np.ndarray):

@@ -245,7 +245,7 @@ def _reduce(pieces: list, op, out: np.ndarray, divide_by: int | None) -> None:
     """out = op(pieces[0], pieces[1], ...), in rank order, then / divide_by. 16-bit floats are
     sent as 16-bit words but summed in fp32 and rounded once (chapter 10): N - 1 roundings to
     fp16 or bf16 along the way would add N - 1 errors of half an epsilon each."""
-    if op is np.add and out.dtype.name in ("float16", "bfloat16"):
+    if op is np.add and sixteen_bit(out.dtype):
         total = pieces[0].astype(np.float32)
         for piece in pieces[1:]:
             total += piece
@@ -258,6 +258,17 @@ def _reduce(pieces: list, op, out: np.ndarray, divide_by: int | None) -> None:
         op(out, piece, out=out)
     if divide_by:
         np.divide(out, divide_by, out=out)
+
+
+def sixteen_bit(dtype) -> bool:
+    """float16 or bfloat16? Remembered per dtype: NumPy's `dtype.name` takes microseconds."""
+    known = _SIXTEEN_BIT.get(dtype)
+    if known is None:
+        known = _SIXTEEN_BIT[dtype] = dtype.name in ("float16", "bfloat16")
+    return known
+
+
+_SIXTEEN_BIT: dict = {}
 
 
 def all_reduce_shared_memory(ctx, buf, op, average=False):
