@@ -14,8 +14,9 @@ are three:
   what its own forward saved, because the engine runs backward once per graph and then frees it.
 - Run a chain of elementwise passes block by block through the CPU cache (`_blocks`) instead of
   streaming whole arrays from main memory once per pass.
-- Leave NumPy's slow paths: a matrix-vector product for row means (BLAS gemv), and a masked
-  (`where=`) causal softmax, as float64 exp slows down on -inf inputs.
+- Leave NumPy's slow paths: a matrix-vector product for row means and sums (BLAS gemv), `fmax`
+  for row maxima, no masked (`where=`) ufuncs (they leave the vector loops), and no -inf into
+  float64 exp (which does too).
 """
 from __future__ import annotations
 
@@ -174,7 +175,7 @@ class ScaledDotProductAttention(fused.ScaledDotProductAttention):
         scale = 1.0 / math.sqrt(q.shape[-1])
         scores = q @ np.swapaxes(k, -1, -2)
         if causal:  # the scale is applied inside, on blocks in the cache
-            weights = _causal_softmax(scores, _causal_keep(*scores.shape[-2:]), scale)
+            weights = _causal_softmax(scores, scale)
         else:
             scores *= scale
             weights = fused._softmax(scores, -1)
@@ -207,28 +208,41 @@ class ScaledDotProductAttention(fused.ScaledDotProductAttention):
 
 
 @functools.lru_cache(maxsize=16)
-def _causal_keep(t_q: int, t_k: int) -> np.ndarray:
-    """True where query i may see key j (j <= i + t_k - t_q: the queries aligned at the end)."""
-    keep = np.tril(np.ones((t_q, t_k), dtype=bool), k=t_k - t_q)
-    keep.flags.writeable = False
-    return keep
+def _causal_masks(t_q: int, t_k: int, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """(fused._causal_mask: 0 where query i may see key j, -inf where not; the same as 1 and 0)."""
+    bias = fused._causal_mask(t_q, t_k, np.dtype(dtype))
+    keep = (bias == 0).astype(dtype)
+    bias.flags.writeable = keep.flags.writeable = False
+    return bias, keep
 
 
-def _causal_softmax(scores, keep, scale=1.0):
-    """Softmax over the last axis of scale * scores (..., T_q, T_k), in place, over the entries
-    `keep` only; the others get weight exactly 0 (as if their scores were -inf). (The scale, a
-    positive number, is applied after the max is subtracted: max(scale * s) = scale * max(s).)
+def _causal_softmax(scores, scale=1.0):
+    """Softmax over the last axis of scale * scores (..., T_q, T_k) under the causal mask, in
+    place, block by block in the cache; masked keys get weight exactly 0. (The scale, a positive
+    number, is applied after the max is subtracted: max(scale * s) = scale * max(s).)
 
-    NumPy's `where=` instead of adding -inf: the masked max saves the pass that adds the mask,
-    and the masked exp never sees -inf (float64 exp leaves its fast vector loop for -inf).
+    Plain passes only: NumPy's masked (`where=`) max and exp leave their vector loops (5-20 times
+    slower), `fmax` reduces faster than `max`, and float64 exp slows down on -inf, so the masked
+    entries are kept finite and zeroed by a multiply. Row sums as a matrix-vector product.
     """
+    t_k = scores.shape[-1]
+    bias, keep = _causal_masks(*scores.shape[-2:], scores.dtype)
+    ones = np.ones(t_k, dtype=scores.dtype)
+    finite = scores.dtype == np.float64  # float64 exp leaves its vector loop on -inf
     for s, t in _blocks(scores, whole=2, scratch=1):  # t: one block of scratch
-        np.subtract(s, np.max(s, axis=-1, where=keep, initial=-np.inf, keepdims=True), out=t)
+        np.add(s, bias, out=t)                         # -inf where masked: left out of the max
+        row_max = np.fmax.reduce(t, axis=-1, keepdims=True)
+        if finite:
+            np.subtract(s, row_max, out=t)
+            np.minimum(t, 0.0, out=t)                  # kept entries are <= 0; masked ones now too
+        else:
+            t -= row_max                               # masked entries stay -inf
         if scale != 1.0:
             t *= scale
-        s.fill(0.0)                   # the weight of a masked entry
-        np.exp(t, out=s, where=keep)  # above the diagonal t is garbage and never used
-        s /= s.sum(axis=-1, keepdims=True)
+        np.exp(t, out=s)
+        if finite:
+            s *= keep                                  # the masked weights: exactly 0
+        s *= 1.0 / (s.reshape(-1, t_k) @ ones).reshape(*s.shape[:-1], 1)
     return scores
 
 
