@@ -68,3 +68,65 @@ def test_the_switch_and_where_the_shortcut_applies():
         assert not fast_paths.exchange_applies(Two(), small, "recursive_doubling", False, False)
     finally:
         fast_paths.use_fast_paths(True)
+
+
+WINDOW_SIZES = [1, 7, 2047, 16384, 40000]  # up to the window's small size (64 KB) and one above it
+
+
+def window_program():
+    from mpi4py import MPI
+
+    import minidist.comm as dist
+    from minidist.comm import fast_paths, shared_memory, traffic
+
+    world, out = dist.get_world(), {}
+    rng = np.random.default_rng(world.rank)
+    dist.all_reduce(np.zeros(1 << 18, np.float32), algorithm="shared_memory")  # the window grown to a piece
+    for dtype in (np.float32, np.float64, np.int64, np.float16):
+        for op in ("sum", "max", "avg"):
+            if op == "avg" and dtype is np.int64:
+                continue
+            for n in WINDOW_SIZES:
+                x = (rng.standard_normal(n) * (100 if dtype is not np.float16 else 1)).astype(dtype)
+                results, counters, straight = [], [], []
+                for fast in (True, False):
+                    fast_paths.use_fast_paths(fast)
+                    shared = shared_memory.window(world)
+                    straight.append(fast_paths.window_applies(shared, x, False, False))
+                    y = x.copy()
+                    traffic.reset()
+                    dist.all_reduce(y, op=op, algorithm="shared_memory")
+                    results.append(y)
+                    counters.append(traffic.snapshot())
+                expected = np.empty_like(x, dtype=np.float64)
+                MPI.COMM_WORLD.Allreduce(x.astype(np.float64), expected, op=MPI.MAX if op == "max" else MPI.SUM)
+                if op == "avg":
+                    expected = expected / world.size
+                out[(np.dtype(dtype).name, op, n)] = {
+                    "straight": straight, "one piece": x.nbytes <= shared.capacity, "same bits": results[0].tobytes() == results[1].tobytes(),
+                    "same counters": counters[0] == counters[1],
+                    "error": float(np.max(np.abs(results[0] - expected) / np.maximum(1.0, np.abs(expected))))}
+    fast_paths.use_fast_paths(True)
+    # a blocking call behind an asynchronous one in flight takes the plain path, which finishes that one first
+    a, b = np.full(5000, world.rank, np.float64), np.full(10, world.rank, np.float64)
+    work = dist.all_reduce(a, algorithm="shared_memory", async_op=True)
+    out["behind async straight"] = fast_paths.window_applies(shared_memory.window(world), b, False, False)
+    dist.all_reduce(b, algorithm="shared_memory")
+    work.wait()
+    total = sum(range(world.size))
+    out["behind async ok"] = bool(np.all(a == total) and np.all(b == total))
+    return out
+
+
+def test_the_window_driven_straight_equals_the_plain_path_and_mpi():
+    for n in (2, 3, 4):
+        for rank in run(window_program, n, timeout=180):
+            for key, result in rank.items():
+                if not isinstance(key, tuple):
+                    continue
+                assert result["straight"] == [result["one piece"], False], (n, key, result)
+                assert result["same bits"] and result["same counters"], (n, key, result)
+                bound = {"float64": 1e-12, "int64": 0.0, "float32": 1e-4, "float16": 5e-3}[key[0]]  # addends up to 400
+                assert result["error"] <= bound, (n, key, result)
+            assert rank["behind async straight"] is False and rank["behind async ok"]
+            assert sum(r["straight"][0] for k, r in rank.items() if isinstance(k, tuple)) >= 40  # not vacuous

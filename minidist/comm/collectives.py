@@ -245,7 +245,11 @@ def all_reduce(array: np.ndarray, op: str = "sum", group: World | None = None,
             finish()
         return array
     if algorithm == "shared_memory":  # it divides each reduced chunk itself, while the chunk is in cache
-        return _run_in_order(shared_memory.window(world), buf, ufunc, array, async_op, average=(op == "avg"))
+        shared = shared_memory.window(world)
+        if fast_paths.window_applies(shared, buf, async_op, timeline.RECORDER is not None):
+            fast_paths.window_straight(shared, buf, ufunc, op == "avg")  # the same, without the call machinery
+            return array
+        return _run_in_order(shared, buf, ufunc, array, async_op, average=(op == "avg"))
     ctx = _Ctx(world, _KIND[algorithm])
     return _run(ctx, ALL_REDUCE[algorithm](ctx, buf, ufunc), array, async_op, finish)
 

@@ -10,6 +10,11 @@ does the same work straight:
   counted under the same traffic kind, waited for politely, a timeout naming the peer as the
   plain path does. Arrays below the staging size only (larger ones are the plain path's).
 
+- `window_straight`: a blocking all-reduce of one piece through the shared-memory window
+  (shared_memory.py), its protocol (`SharedWindow.all_reduce_piece`, the same generator) driven
+  by a plain loop instead of the call machinery, when no asynchronous call is in flight on the
+  window. What the window's small arrays (4 ranks, or 2 from 16 KB) spend outside the protocol.
+
 One switch: `ENABLED` (`use_fast_paths(False)`, or MINIDIST_COMM_FAST_PATHS=0 in the environment)
 sends every call down the plain path; tests/test_comm_fast_paths.py checks that both give the
 same bits and the same counters. A recording trace (chapter 5) always takes the plain path, which
@@ -22,9 +27,9 @@ import os
 import numpy as np
 from mpi4py import MPI
 
-from minidist.comm import traffic
+from minidist.comm import shared_memory, traffic
 from minidist.comm.algorithms import STAGE_BYTES
-from minidist.comm.waiting import Request, poll
+from minidist.comm.waiting import Request, poll, poll_until
 
 ENABLED = [os.environ.get("MINIDIST_COMM_FAST_PATHS", "1") != "0"]
 _BYTE = MPI.BYTE
@@ -77,3 +82,20 @@ def _receive_buffer(cache: dict, buf: np.ndarray) -> np.ndarray:
         if len(buffers) < 64:  # at most 64 x STAGE_BYTES held
             buffers[key] = theirs
     return theirs
+
+
+def window_applies(shared, buf: np.ndarray, async_op: bool, recording: bool) -> bool:
+    """Does `window_straight` take this call? (One piece, blocking, nothing in flight before it.)"""
+    return (ENABLED[0] and not async_op and not recording and shared.in_flight is None
+            and shared.ctx is not None and buf.nbytes <= shared.capacity)
+
+
+def window_straight(shared, buf: np.ndarray, ufunc, average: bool) -> None:
+    """All-reduce `buf` in place through the group's shared window: the window's own steps, each
+    flag waited for politely, counted as the plain path counts them."""
+    ctx = shared.ctx
+    ctx.counts.calls += 1
+    for flags in shared.all_reduce_piece(ctx, buf, ufunc, average):
+        if not flags.test():
+            poll_until(flags.test, None, flags.timed_out, busy=shared_memory.BUSY)
+
