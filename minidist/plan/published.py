@@ -243,12 +243,17 @@ _MTNLG_SOURCE = ("S. Smith, M. Patwary, B. Norick, P. LeGresley, S. Rajbhandari,
 _MTNLG_NOTES = ("Selene, DGX A100 nodes of 8 x A100 80GB. \"Each 530 billion parameter model replica spans 280 "
                 "NVIDIA A100 GPUs, with 8-way tensor-slicing within a node and 35-way pipeline parallelism across "
                 "nodes\"; data parallelism (DeepSpeed) over the replicas. Throughput measured at global batch 1920 "
-                "(the training run ramped the batch from 32 to 1920). Iteration time {step} s; the paper's "
-                "FLOP-counting convention is not confirmed here (a secondary summary calls them hardware FLOPs, "
-                "i.e. counting recomputation as Narayanan et al. do). Vocabulary not given by the paper: MT-NLG "
+                "(the training run ramped the batch from 32 to 1920). Iteration time {step} s; the TFLOP/s are "
+                "Narayanan et al.'s equation (3), which counts recomputation's extra forward: 96·B·s·l·h²·(1 + "
+                "s/6h + V/16lh) over the iteration time and the GPUs gives 125.7, 120.4 and 113.5 "
+                "(tests/test_published.py). Vocabulary not given by the paper: MT-NLG "
                 "uses the GPT-2 BPE tokenizer (50,257), which Megatron pads to 51,200 at tp 8. Not confirmed from "
                 "the paper text: the ZeRO stage of its data parallelism (recorded 0; one DeepSpeed summary says "
                 "ZeRO-1), whether recomputation was on (recorded unknown), bf16 vs fp16, microbatch size.")
+
+
+# GPUs: seconds per iteration at global batch 1920 (Smith et al. §2.4), from which the TFLOP/s follow
+MTNLG_ITERATION_SECONDS: dict[int, float] = {2240: 60.1, 2800: 50.2, 3360: 44.4}
 
 
 def _mtnlg(nodes, dp, step_s, tflops):
@@ -297,9 +302,9 @@ OTHER_RUNS: tuple[PublishedRun, ...] = (
               "iteration 85376 at GBS 2048 shows 149.77 TFLOPs, 104.70 s per iteration. Tokenizer vocabulary "
               "250,680, padded to 250,880. ALiBi positions (no position embedding) and an embedding LayerNorm. "
               "176,247M parameters."),
-    _mtnlg(280, 8, 60.1, 126),
-    _mtnlg(350, 10, 50.2, 121),
-    _mtnlg(420, 12, 44.4, 113),
+    _mtnlg(280, 8, MTNLG_ITERATION_SECONDS[2240], 126),
+    _mtnlg(350, 10, MTNLG_ITERATION_SECONDS[2800], 121),
+    _mtnlg(420, 12, MTNLG_ITERATION_SECONDS[3360], 113),
     # GPUs, cp, dp, sequence, global batch (= batch size per DP group x DP), batch per DP group, TFLOP/s, MFU
     _llama3(8192, 1, 64, 8192, 2048, 32, 430, 43, "none",
             "\"Llama 3 could be pre-trained on sequences of 8K tokens without activation checkpointing\" (§3.3.2)."),
