@@ -53,7 +53,8 @@ def predict(w: Workload, layout: Layout, cluster: Cluster, simulate: bool = True
         pipeline = pipeline_seconds(costs, layout.schedule or "1f1b", p, m, v)
     else:
         pipeline = pipeline_estimate(costs, p, m, v)
-    parts = [{k: sum(c.parts()[k] for c in rank) for k in ("compute", "tp", "pp", "total")} for rank in costs]
+    per_chunk = [[c.parts() for c in rank] for rank in costs]
+    parts = [{k: sum(chunk[k] for chunk in rank) for k in ("compute", "tp", "pp", "total")} for rank in per_chunk]
     work = max(parts, key=lambda part: part["total"])  # the busiest rank's own work per micro-batch
     bubble = max(0.0, pipeline - m * work["total"])
     beside = beside_pipeline(w, layout, cluster, costs)

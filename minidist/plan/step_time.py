@@ -175,12 +175,19 @@ def pipeline_seconds(costs: tuple, schedule: str, p: int, m: int, v: int) -> flo
     1F1B) or group of p (interleaved) adds the same time, so a long pipeline is simulated for its
     fill and a period or two and extended linearly (exact for GPipe and 1F1B; interleaved with
     unequal chunks settles more slowly: within 1 % after 4p, tests/test_plan_time.py)."""
+    forward = [[c.forward for c in rank] for rank in costs]
+    backward = [[c.backward for c in rank] for rank in costs]
+
     def makespan(micro: int) -> float:
-        plans = S.all_ranks(schedule, p, micro, v)
-        events = S.simulate(plans, forward=lambda r, c: costs[r][c].forward, backward=lambda r, c: costs[r][c].backward)
+        events = S.simulate(_schedules(schedule, p, micro, v), forward=lambda r, c: forward[r][c],
+                            backward=lambda r, c: backward[r][c])
         return max(e[3] for rank in events for e in rank)
 
     return extended(makespan, schedule, p, m)
+
+
+# Every rank's instruction list, kept: many layouts share a schedule, p, m and v (simulate only reads them)
+_schedules = functools.lru_cache(maxsize=1024)(S.all_ranks)
 
 
 def extended(makespan, schedule: str, p: int, m: int) -> float:
