@@ -55,17 +55,18 @@ def test_the_switch_and_where_the_shortcut_applies():
     from minidist.comm import fast_paths
 
     class Two:
-        size = 2
+        size, cache = 2, {}
 
     small, staged = np.zeros(100), np.zeros(1024)  # 800 bytes; 8 KB, the plain path's staging size
-    assert fast_paths.exchange_applies(Two(), small, "recursive_doubling", False, False)
-    assert not fast_paths.exchange_applies(Two(), staged, "recursive_doubling", False, False)
-    assert not fast_paths.exchange_applies(Two(), small, "ring", False, False)
-    assert not fast_paths.exchange_applies(Two(), small, "recursive_doubling", True, False)  # async
-    assert not fast_paths.exchange_applies(Two(), small, "recursive_doubling", False, True)  # a trace records
+    assert fast_paths.shortcut(Two(), small, "recursive_doubling", False, False) is fast_paths.exchange_two
+    assert fast_paths.shortcut(Two(), staged, "recursive_doubling", False, False) is None
+    assert fast_paths.shortcut(Two(), small, "ring", False, False) is None
+    assert fast_paths.shortcut(Two(), small, "recursive_doubling", True, False) is None  # async
+    assert fast_paths.shortcut(Two(), small, "recursive_doubling", False, True) is None  # a trace records
+    assert fast_paths.shortcut(Two(), small, "shared_memory", False, False) is None  # no window made yet
     fast_paths.use_fast_paths(False)
     try:
-        assert not fast_paths.exchange_applies(Two(), small, "recursive_doubling", False, False)
+        assert fast_paths.shortcut(Two(), small, "recursive_doubling", False, False) is None
     finally:
         fast_paths.use_fast_paths(True)
 
@@ -88,11 +89,14 @@ def window_program():
                 continue
             for n in WINDOW_SIZES:
                 x = (rng.standard_normal(n) * (100 if dtype is not np.float16 else 1)).astype(dtype)
-                results, counters, straight = [], [], []
+                results, counters, straight, small = [], [], [], []
                 for fast in (True, False):
                     fast_paths.use_fast_paths(fast)
                     shared = shared_memory.window(world)
-                    straight.append(fast_paths.window_applies(shared, x, False, False))
+                    way = fast_paths.shortcut(world, x, "shared_memory", False, False)
+                    straight.append(way is not None)
+                    if way is not None:
+                        small.append(way is fast_paths.window_small)
                     y = x.copy()
                     traffic.reset()
                     dist.all_reduce(y, op=op, algorithm="shared_memory")
@@ -103,14 +107,14 @@ def window_program():
                 if op == "avg":
                     expected = expected / world.size
                 out[(np.dtype(dtype).name, op, n)] = {
-                    "straight": straight, "one piece": x.nbytes <= shared.capacity, "same bits": results[0].tobytes() == results[1].tobytes(),
+                    "straight": straight, "small": small, "one piece": x.nbytes <= shared.capacity, "same bits": results[0].tobytes() == results[1].tobytes(),
                     "same counters": counters[0] == counters[1],
                     "error": float(np.max(np.abs(results[0] - expected) / np.maximum(1.0, np.abs(expected))))}
     fast_paths.use_fast_paths(True)
     # a blocking call behind an asynchronous one in flight takes the plain path, which finishes that one first
     a, b = np.full(5000, world.rank, np.float64), np.full(10, world.rank, np.float64)
     work = dist.all_reduce(a, algorithm="shared_memory", async_op=True)
-    out["behind async straight"] = fast_paths.window_applies(shared_memory.window(world), b, False, False)
+    out["behind async straight"] = fast_paths.shortcut(world, b, "shared_memory", False, False) is not None
     dist.all_reduce(b, algorithm="shared_memory")
     work.wait()
     total = sum(range(world.size))
@@ -119,12 +123,16 @@ def window_program():
 
 
 def test_the_window_driven_straight_equals_the_plain_path_and_mpi():
+    from minidist.comm import shared_memory
+
     for n in (2, 3, 4):
         for rank in run(window_program, n, timeout=180):
             for key, result in rank.items():
                 if not isinstance(key, tuple):
                     continue
                 assert result["straight"] == [result["one piece"], False], (n, key, result)
+                nbytes = key[2] * np.dtype(key[0]).itemsize
+                assert result["small"] == ([nbytes <= shared_memory.SMALL] if result["one piece"] else []), (n, key, result)
                 assert result["same bits"] and result["same counters"], (n, key, result)
                 bound = {"float64": 1e-12, "int64": 0.0, "float32": 1e-4, "float16": 5e-3}[key[0]]  # addends up to 400
                 assert result["error"] <= bound, (n, key, result)

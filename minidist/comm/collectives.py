@@ -239,17 +239,12 @@ def all_reduce(array: np.ndarray, op: str = "sum", group: World | None = None,
     if world.size == 1 or buf.size == 0:
         return _run(None, None, array, async_op, finish)
     algorithm = choose_all_reduce(algorithm, world, buf.nbytes)
-    if fast_paths.exchange_applies(world, buf, algorithm, async_op, timeline.RECORDER is not None):
-        fast_paths.exchange_two(world, buf, ufunc, _KIND[algorithm])  # the same, without the step machinery
-        if finish is not None:
-            finish()
+    straight = fast_paths.shortcut(world, buf, algorithm, async_op, timeline.RECORDER is not None)
+    if straight is not None:  # the same work without the step machinery (chapter 7)
+        straight(world, buf, ufunc, op == "avg")
         return array
     if algorithm == "shared_memory":  # it divides each reduced chunk itself, while the chunk is in cache
-        shared = shared_memory.window(world)
-        if fast_paths.window_applies(shared, buf, async_op, timeline.RECORDER is not None):
-            fast_paths.window_straight(shared, buf, ufunc, op == "avg")  # the same, without the call machinery
-            return array
-        return _run_in_order(shared, buf, ufunc, array, async_op, average=(op == "avg"))
+        return _run_in_order(shared_memory.window(world), buf, ufunc, array, async_op, average=(op == "avg"))
     ctx = _Ctx(world, _KIND[algorithm])
     return _run(ctx, ALL_REDUCE[algorithm](ctx, buf, ufunc), array, async_op, finish)
 
@@ -291,8 +286,6 @@ def _auto_choice(world: World, nbytes: int) -> str:
         if tuned is not None and (tuned != "shared_memory" or shared_memory.window_or_none(world) is not None):
             return tuned
     if shared_memory.window_or_none(world) is not None:
-        if world.size == 2 and nbytes < SMALL_FOR_TWO:
-            return "recursive_doubling"  # one exchange of messages beats the window's two flag rounds
         if world.size == 2 and nbytes >= LARGE_FOR_TWO:
             # MPI hands a large message from process to process in one copy; the window needs
             # every byte copied in and read out again
@@ -303,7 +296,6 @@ def _auto_choice(world: World, nbytes: int) -> str:
     return auto_algorithm(nbytes, world.size)
 
 
-SMALL_FOR_TWO = 16 << 10  # measured (bench collectives --tune, 2 ranks): below it recursive doubling wins
 LARGE_FOR_TWO = 4 << 20   # measured (2 ranks): from here halving-doubling's messages beat the window
 
 _DEFAULT_ALGORITHM = ["auto"]
