@@ -254,8 +254,8 @@ def choose_all_reduce(algorithm: str, world: World, nbytes: int) -> str:
 
     On one machine, the shared-memory window: every rank adds its share straight into the
     others' memory, no messages at all (shared_memory.py); except for two ranks and an array
-    below 16 KB, where a single exchange of messages (recursive doubling) is faster, or from
-    4 MB, where halving-doubling's messages (each copied once, process to process) are. Across machines with several ranks
+    from 4 MB, where halving-doubling's messages (each copied once, process to process) are
+    faster. Across machines with several ranks
     on some machine, the hierarchical all-reduce: reduce inside each machine, all-reduce among
     one leader per machine, broadcast inside (hierarchical.py), so that few bytes cross the
     expensive links. One rank per machine: the message algorithm the alpha-beta model
