@@ -227,3 +227,13 @@ def test_bench_step_times_both_paths_and_keeps_its_json_keys(tmp_path):
     assert record["kernels"] == "fast" and record["plain_seconds"] > 0 and record["seconds"] > 0
     assert record["torch_seconds"] is None and record["torch_matmul_floor_seconds"] is None
     assert "Linear" in record["ops"]
+
+
+def test_fast_attention_hands_back_heads_side_by_side():
+    """The fast path writes the gradients of q, k and v, (B, H, T, D), into memory laid out as
+    (B, T, H, D), so that their way back through the model's split_heads is a view; the numbers
+    are test_attention's. The output stays contiguous: the ledger counts the copy that follows."""
+    q, k, v = array(2, 3, 4, 5, seed=1), array(2, 3, 4, 5, seed=2), array(2, 3, 4, 6, seed=3)
+    out, gq, gk, gv = run("fast", lambda a, b, c: F.scaled_dot_product_attention(a, b, c, causal=True), q, k, v)
+    assert out.shape == (2, 3, 4, 6) and out.flags.c_contiguous
+    assert all(g.transpose(0, 2, 1, 3).flags.c_contiguous for g in (gq, gk, gv))

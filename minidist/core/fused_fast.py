@@ -3,8 +3,8 @@
 Chapter 1. `minidist.core.kernels` runs these unless told "plain" (fused.py's formulas, which a
 learner should read first). Each class here subclasses its plain twin of the same name and
 keeps its formula; tests/test_kernels.py holds the two paths to the same numbers. Operations
-whose plain form is already as fast (Linear: its time is in BLAS; Softmax, LogSoftmax and
-Dropout: not in the training step's hot path) are the plain classes themselves.
+whose plain form is already as fast (Softmax, LogSoftmax and Dropout: not in the training
+step's hot path) are the plain classes themselves.
 
 Memory traffic decides the speed of these operations more than arithmetic does, and the tricks
 are three:
@@ -27,7 +27,7 @@ import numpy as np
 
 from minidist.core import fused
 from minidist.core.fused import _GELU_C, _dropout_mask
-from minidist.core.fused import Dropout, Linear, LogSoftmax, Softmax  # noqa: F401  (shared: the plain class is as fast)
+from minidist.core.fused import Dropout, LogSoftmax, Softmax  # noqa: F401  (shared: the plain class is as fast)
 from minidist.core.kernels import register_fast
 
 _BLOCK = 1 << 16  # elements per block: 256-512 KB per array, a few arrays fit in L2/L3
@@ -52,6 +52,31 @@ def _blocks(*arrays, whole=1, scratch=0):
     for start in range(0, len(flat[0]), per_block):
         blocks = [a[start:start + per_block] for a in flat]
         yield blocks + [s[:len(blocks[0])] for s in spare]
+
+
+def _column_sums(rows):
+    """Sums over the first axis of a (N, C) array as a matrix-vector product (BLAS gemv reads the
+    rows once, where NumPy's axis-0 sum adds row after row), for float32 and float64; other dtypes
+    (16-bit floats, chapter 10) keep NumPy's sum."""
+    if rows.dtype not in (np.float32, np.float64):
+        return rows.sum(axis=0)
+    return np.ones(rows.shape[0], dtype=rows.dtype) @ rows
+
+
+# ----------------------------------------------------------------------------- linear
+
+
+class Linear(fused.Linear):
+    """The plain formulas; the bias gradient (the sum of g's rows) as a matrix-vector product."""
+
+    @staticmethod
+    def backward(ctx, g):
+        x, weight = ctx.saved
+        g2 = g.reshape(-1, g.shape[-1])
+        gx = (g2 @ weight).reshape(x.shape) if ctx.needs_input_grad[0] else None
+        gw = g2.T @ x.reshape(-1, x.shape[-1]) if ctx.needs_input_grad[1] else None
+        gb = _column_sums(g2) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return gx, gw, gb
 
 
 # ----------------------------------------------------------------------------- embedding
@@ -104,7 +129,7 @@ class LayerNorm(fused.LayerNorm):
         n = xhat.shape[-1]
         rows_g, rows_xhat = g.reshape(-1, n), xhat.reshape(-1, n)
         gw = np.einsum("ij,ij->j", rows_g, rows_xhat) if ctx.needs_input_grad[1] else None
-        gb = rows_g.sum(axis=0) if ctx.needs_input_grad[2] else None
+        gb = _column_sums(rows_g) if ctx.needs_input_grad[2] else None
         gx = g * weight                                                   # gh
         a = np.einsum("...i,...i->...", gx, xhat)[..., None] * (1.0 / n)  # mean(gh * xhat)
         gx -= _row_means(gx)
@@ -192,7 +217,7 @@ class ScaledDotProductAttention(fused.ScaledDotProductAttention):
     def backward(ctx, g):
         q, k, v, weights, mask = ctx.saved
         dropped = weights if mask is None else weights * mask
-        gv = np.swapaxes(dropped, -1, -2) @ g
+        gv = _matmul_heads_side_by_side(np.swapaxes(dropped, -1, -2), g)
         ga = g @ np.swapaxes(v, -1, -2)
         if mask is not None:
             ga *= mask
@@ -200,11 +225,25 @@ class ScaledDotProductAttention(fused.ScaledDotProductAttention):
         gs -= np.einsum("...ij,...ij->...i", ga, weights)[..., None]
         gs *= weights
         scale = 1.0 / math.sqrt(q.shape[-1])  # applied to the (B,H,T,D) results, the smaller arrays
-        gq = gs @ k
+        gq = _matmul_heads_side_by_side(gs, k)
         gq *= scale
-        gk = np.swapaxes(gs, -1, -2) @ q
+        gk = _matmul_heads_side_by_side(np.swapaxes(gs, -1, -2), q)
         gk *= scale
         return gq, gk, gv, None, None, None
+
+
+def _matmul_heads_side_by_side(a, b):
+    """a @ b for (B, H, T, T) by (B, H, T, D), written into an array laid out in memory as
+    (B, T, H, D): the gradients of q, k and v go back through the model's split_heads (chapter 6:
+    (B, T, H*D) seen as heads), and from this layout that is a view, not a copy. BLAS writes each
+    (T, D) block as a strided matrix, with the same numbers. Other shapes: a plain a @ b.
+    (Forward keeps its contiguous result: the copy that joins the heads again is an activation
+    the memory ledger counts, on both paths.)"""
+    shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
+    if len(shape) != 4 or a.dtype != b.dtype:
+        return a @ b
+    n, h, t, d = shape
+    return np.matmul(a, b, out=np.empty((n, t, h, d), a.dtype).transpose(0, 2, 1, 3))
 
 
 @functools.lru_cache(maxsize=16)
