@@ -286,6 +286,33 @@ def _megatron_virtual(t: Translation, take, who: str) -> None:
         t.notes.append("pp > 1 without virtual stages: Megatron-LM's 1F1B -> --schedule 1f1b")
 
 
+def why_megatron_refuses(layout, n_layer: int) -> str | None:
+    """Why Megatron-LM would not run `layout` (a minidist Layout) for a model of `n_layer` layers
+    where minidist would, in one line; None where it would run it. minidist's pipeline may cut the
+    layers unevenly (chapter 5 balances stages by cost); Megatron-LM cuts them evenly, and its
+    interleaved schedule has rules of its own. As its code asserts them (the 2021 code that
+    Narayanan et al. ran, and Megatron Core since):
+
+    - the layers divide evenly over the stages ("num_layers must be divisible by
+      pipeline_model_parallel_size", megatron/model/transformer.py);
+    - interleaving needs more than two stages ("pipeline-model-parallel size should be greater
+      than 2 with interleaved schedule", megatron/arguments.py), each stage's layers in equal
+      chunks (--num-layers-per-virtual-pipeline-stage), and a number of micro-batches that the
+      stages divide ("number of microbatches is not divisible by pipeline-parallel size when
+      using interleaved schedule", megatron/training.py)."""
+    p, v, m = layout.pp, layout.virtual_stages, layout.microbatches
+    if n_layer % p:
+        return f"{n_layer} layers do not divide evenly over pp={p} stages"
+    if layout.schedule == "interleaved":
+        if p <= 2:
+            return f"the interleaved schedule needs more than 2 stages, got pp={p}"
+        if (n_layer // p) % v:
+            return f"{n_layer // p} layers per stage do not cut into {v} equal chunks"
+        if m % p:
+            return f"{m} micro-batches are not a multiple of pp={p} (the interleaved schedule's rule)"
+    return None
+
+
 MEGATRON_DEFAULTS = {"weight_decay": 0.01, "min_lr": 0.0, "clip": 1.0, "betas": (0.9, 0.999), "eps": 1e-8,
                      "warmup": 0}  # megatron/training/arguments.py: what a line that leaves them out trains with
 

@@ -3,7 +3,8 @@
 Each run of `published.py` states its model, its cluster, its layout and the speed it reached.
 `compare` predicts that layout on that cluster, and searches the planner's own best layout of the
 same model, batch and devices (with the frameworks the run had: no ZeRO for Megatron-LM 2021's
-PTD-P, as its Table 1 ran), so that two questions get numbers:
+PTD-P, as its Table 1 ran, and only the layouts Megatron-LM runs: layers cut evenly over the
+stages, its interleaved schedule's rules; `framework_accepts`), so that two questions get numbers:
 
 * Does the model know how fast a layout runs? predicted TFLOP/s per GPU against the measured.
 * Does the planner choose what the people who trained it chose? its best tensor-parallel size
@@ -17,6 +18,7 @@ from __future__ import annotations
 import sys
 
 from minidist.core.model import GPTConfig
+from minidist.frameworks.megatron import why_megatron_refuses
 from minidist.plan.hardware import load_device
 from minidist.plan.predict import Cluster, Workload, predict
 from minidist.plan.published import ALL_RUNS, PublishedRun
@@ -81,7 +83,7 @@ def compare(run: PublishedRun, search: bool = True, schedules=("1f1b", "interlea
     out["error"] = out["predicted"] / run.tflops_per_gpu - 1
     if search:
         zero = (0,) if run.zero == 0 else (0, 1, 2, 3)
-        rows = plan(w, cluster, zero_stages=zero, schedules=schedules)
+        rows = plan(w, cluster, zero_stages=zero, schedules=schedules, accept=framework_accepts(run))
         best = rows[0]
         same = [r for r in rows if (r["layout"]["tp"], r["layout"]["pp"], r["layout"]["zero"]) ==
                 (run.tp, run.pp, layout.zero) and r["fits"]]
@@ -89,6 +91,16 @@ def compare(run: PublishedRun, search: bool = True, schedules=("1f1b", "interlea
         out.update(best=best["name"], best_tp=best["layout"]["tp"], best_predicted=achieved(best, run, cluster),
                    slower_than_best=theirs["step_seconds"] / best["step_seconds"] - 1 if theirs else None)
     return out
+
+
+def framework_accepts(run: PublishedRun):
+    """The layouts the run's framework could have run, as a filter for `plan` (None: any valid one).
+    Megatron-LM cuts the layers evenly over the stages and has rules for its interleaved schedule
+    (`frameworks.megatron.why_megatron_refuses`); a layout it refuses was never a choice for the
+    people who trained with it."""
+    if run.framework != "megatron-lm":
+        return None
+    return lambda layout: why_megatron_refuses(layout, run.n_layer) is None
 
 
 def table(runs=ALL_RUNS, search: bool = True) -> str:

@@ -75,6 +75,8 @@ class PublishedRun:
     ddp: str = ""                     # "torch", "local" or "" (not stated)
     inter_bandwidth: float | None = None  # bytes/s per GPU between nodes, where the source states a network
                                           # unlike the device preset's (None: the preset's)
+    framework: str = ""  # "megatron-lm" where the run's code is Megatron-LM: the planner's search then
+                         # keeps to the layouts Megatron-LM runs (frameworks.megatron.why_megatron_refuses)
 
 
 # ----------------------------------------------------------------------------- Narayanan et al. 2021
@@ -106,7 +108,7 @@ def _table_1(params_b, heads, hidden, layers, tp, pp, dp, gpus, batch, tflops, m
         global_batch=batch, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, zero=0,
         virtual_stages=chunks, sequence_parallel=False, context_parallel=1, recompute="full", precision="mixed",
         tflops_per_gpu=float(tflops), parameters=params_b * 1e9, notes=_T1_NOTES,
-        state_bytes=MEGATRON_FP16_STATE_BYTES, ddp=ddp)
+        state_bytes=MEGATRON_FP16_STATE_BYTES, ddp=ddp, framework="megatron-lm")
 
 
 # Table 1: weak scaling, 1.7B to 1T parameters. Columns as in the paper: parameters (billion),
@@ -174,7 +176,8 @@ def _table_2(model, scheme, gpus, batch, micro_batch, tflops, tp, pp, dp, notes=
         global_batch=batch, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, zero=3 if zero3 else 0,
         virtual_stages=None, sequence_parallel=False, context_parallel=1, recompute="full", precision="mixed",
         tflops_per_gpu=float(tflops), notes=f"{_T2_COMMON} {notes}".strip(),
-        state_bytes=None if zero3 else MEGATRON_FP16_STATE_BYTES, **model)  # ZeRO-3: DeepSpeed's 2 + 2 + 12
+        state_bytes=None if zero3 else MEGATRON_FP16_STATE_BYTES, framework="megatron-lm",  # ZeRO-3: DeepSpeed's
+        **model)                                                                            # 2 + 2 + 12
 
 
 _PTDP_175 = ("Table 2 states only the model-parallel size, 96; the split tp 8 x pp 12 is inferred from the "

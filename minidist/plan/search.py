@@ -112,15 +112,19 @@ def candidate_layouts(config, world: int, global_batch: int, zero_stages=(0, 1, 
 
 
 def plan(workload: Workload, cluster: Cluster, zero_stages=(0, 1, 2, 3), schedules=SCHEDULES,
-         progress: bool = False, top: int = 10, within: float = 0.1) -> list[dict]:
+         progress: bool = False, top: int = 10, within: float = 0.1, accept=None) -> list[dict]:
     """Every valid layout with its prediction, best first: those that fit by step time, then
-    those that do not (also by step time), each with "fits" saying which.
+    those that do not (also by step time), each with "fits" saying which. `accept(layout)`, if
+    given, keeps only the layouts it returns True for (a framework's own rules, e.g.
+    frameworks.megatron.why_megatron_refuses).
 
     Two passes keep it quick: every layout's pipeline is first estimated (`pipeline_estimate`),
     then the schedule is simulated for the `top` best and for every layout within `within` of the
     best estimate, the only ones that can finish first ("simulated" says which)."""
     layouts = candidate_layouts(workload.config, cluster.gpus, workload.global_batch, zero_stages, schedules,
                                 workload.pad_vocab)
+    if accept is not None:
+        layouts = [layout for layout in layouts if accept(layout)]
     rows = [{"name": str(layout), "layout": asdict(layout), **predict(workload, layout, cluster, simulate=False)}
             for layout in layouts]
     rows.sort(key=lambda r: (not r["fits"], r["step_seconds"]))
