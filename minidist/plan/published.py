@@ -176,8 +176,8 @@ def _table_2(model, scheme, gpus, batch, micro_batch, tflops, tp, pp, dp, notes=
         global_batch=batch, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, zero=3 if zero3 else 0,
         virtual_stages=None, sequence_parallel=False, context_parallel=1, recompute="full", precision="mixed",
         tflops_per_gpu=float(tflops), notes=f"{_T2_COMMON} {notes}".strip(),
-        state_bytes=None if zero3 else MEGATRON_FP16_STATE_BYTES, framework="megatron-lm",  # ZeRO-3: DeepSpeed's
-        **model)                                                                            # 2 + 2 + 12
+        # ZeRO-3's model states: DeepSpeed's 2 + 2 + 12 bytes per parameter (state_bytes None)
+        state_bytes=None if zero3 else MEGATRON_FP16_STATE_BYTES, framework="megatron-lm", **model)
 
 
 _PTDP_175 = ("Table 2 states only the model-parallel size, 96; the split tp 8 x pp 12 is inferred from the "
