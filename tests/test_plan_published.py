@@ -139,7 +139,8 @@ def test_zero_3_loses_at_scale_with_a_fixed_batch():
 
 @pytest.mark.parametrize("run", [r for r in OTHER_RUNS if r.context_parallel == 1], ids=lambda r: r.name)
 def test_other_production_runs(run):
-    """BLOOM (on its own cluster's network, 6.25 GB/s per GPU between nodes) within 15 %, Llama 3
+    """BLOOM (on its own cluster's network, 6.25 GB/s per GPU between nodes) and Nemotron-4 340B
+    (grouped-query attention, three rows of its batch ramp-up) within 15 %, Llama 3
     (8192 GPUs) within 20 %; Megatron-Turing NLG measured 113-126 TFLOP/s where
     the same layout in Narayanan et al.'s Table 2 ran 159-171, and the planner (the Megatron-LM
     code path) predicts the latter: 30-36 % above MT-NLG; Llama 3 on 16384 GPUs within 30 %
@@ -147,9 +148,25 @@ def test_other_production_runs(run):
     micro-batches on 16 stages leave about half the step idle; with 2-4 chunks the prediction
     brackets the measured 400)."""
     c = compare(run, search=False)
-    bound = {"BLOOM": 0.15, "MT-NLG": 0.40, "Llama 3 405B, 8192": 0.20, "Llama 3 405B, 16384": 0.30}
+    bound = {"BLOOM": 0.15, "MT-NLG": 0.40, "Llama 3 405B, 8192": 0.20, "Llama 3 405B, 16384": 0.30,
+             "Nemotron-4": 0.15}
     limit = next(v for k, v in bound.items() if run.name.startswith(k))
     assert abs(c["error"]) <= limit, c
+
+
+@pytest.mark.full  # three searches, about 10 s
+def test_nemotron_the_planner_agrees_with_its_layout():
+    """Nemotron-4 340B on 1536, 3072 and 6144 H100s: predicted within 4 % of its MFU (+3, +3, 0 %), the planner's best
+    among the layouts Megatron-LM runs has its tp 8, and its own layout comes out within 5 % of that
+    best. Its activations fit without recomputation (about 50 GB of 80), so the planner, like the
+    report, does not recompute; with recomputation it would predict 23-25 % below the measured."""
+    runs = [r for r in OTHER_RUNS if r.name.startswith("Nemotron")]
+    results = [compare(run) for run in runs]
+    assert all(abs(c["error"]) <= 0.04 and c["best_tp"] == 8 and c["slower_than_best"] <= 0.05 for c in results), results
+    w = workload_of(runs[0])
+    assert not w.recompute and w.config.n_kv_head == 8
+    slow = predict(dataclasses.replace(w, recompute=True), stated_layout(runs[0]), cluster_of(runs[0]))
+    assert -0.26 < slow["mfu"] * 989.5 / runs[0].tflops_per_gpu - 1 < -0.20
 
 
 def test_a_run_on_its_own_network():

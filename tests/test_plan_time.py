@@ -13,6 +13,8 @@ from minidist.plan.predict import (Cluster, GemmCurve, Layout, Workload, flops_p
                                    rank_units)
 from minidist.plan.step_time import (StageCost, data_parallel_seconds, gemms_seconds, layer_gemms, pipeline_estimate,
                                      pipeline_seconds, stage_costs)
+from minidist.plan.search import factorisations
+from minidist.plan.workload import TransformerShape, block_weights, block_widths
 
 CFG = GPTConfig(vocab_size=512, block_size=32, n_layer=8, n_head=8, n_embd=64)
 LINKS = dict(intra_bandwidth=1e10, intra_latency=1e-6, inter_bandwidth=1e9, inter_latency=1e-5, flops=1e12,
@@ -38,6 +40,27 @@ def test_a_layers_gemms_are_narayanans_flops(t):
     w = Workload(GPTConfig(vocab_size=1000, block_size=s, n_layer=6, n_head=a, n_embd=h), 4, s, "mixed")
     head = 2 * 4 * s * h * 1000
     assert flops_per_step(w, recompute=False) == pytest.approx(3 * (6 * total * t * 2 + head))  # b = 4: twice
+
+
+@pytest.mark.parametrize("t", [1, 2, 4])
+def test_grouped_query_attention_and_a_gated_mlp_count_their_own_matrices(t):
+    """A TransformerShape (Llama-like: 2 key/value heads for 8 query heads, a SwiGLU MLP 3h wide) has
+    its own weights per block, h·(h + 2·kv·h/a) + h² + 3·h·ffn, its GEMMs add up to them, its step's
+    FLOPs count them, and tp must divide the key/value heads; minidist's GPT keeps 12h² and 7h."""
+    b, s, h, a = 2, 128, 256, 8
+    assert block_weights(GPTConfig(n_embd=h, n_head=a)) == (12 * h * h, 7 * h)
+    shape = TransformerShape(vocab_size=1000, block_size=s, n_layer=6, n_head=a, n_embd=h, n_kv_head=2,
+                             ffn_hidden=3 * h, gated_mlp=True)
+    weights, biases = block_weights(shape)
+    assert weights == h * (h + 2 * 2 * 32) + h * h + 3 * h * 3 * h and biases == h + 2 * 2 * 32 + 2 * 3 * h
+    total = sum(2 * count * m * n * k for count, m, n, k in layer_gemms(b, s, h, a, t, *block_widths(shape)[:2], True))
+    assert total == (2 * b * s * weights + 4 * b * s * s * h) // t
+    w = Workload(shape, 4, s, "mixed")
+    assert flops_per_step(w, recompute=False) == pytest.approx(3 * (6 * total * t * 2 + 2 * 4 * s * h * 1000))
+    assert sum(rank_units(shape, 1, 1, 0)) == 1000 * h + s * h + 6 * (weights + biases + 6 * h) + 2 * h
+    assert {tp for _, tp, _ in factorisations(shape, 8, 8)} == {1, 2}
+    with pytest.raises(ValueError, match="must divide n_head"):
+        TransformerShape(n_head=8, n_kv_head=3)
 
 
 def test_a_stage_costs_its_gemms_elementwise_work_and_all_reduces():

@@ -15,6 +15,7 @@ from minidist.plan.published import (
     NARAYANAN_TABLE_2_DAYS_300B_TOKENS,
     NARAYANAN_TABLE_2_MODEL_PARALLEL,
     MTNLG_ITERATION_SECONDS,
+    NEMOTRON_TABLE_2,
     OTHER_RUNS,
     PublishedRun,
 )
@@ -22,10 +23,12 @@ from minidist.plan.published import (
 DEVICES = {"a100-40gb", "a100-80gb", "h100-80gb-sxm"}  # presets of minidist/plan/hardware.py
 
 # Llama 3 uses SwiGLU (FFN 3.25 h, three matrices) and grouped-query attention (8 KV heads),
-# so Narayanan's eq. (2), written for GPT (4h FFN, full multi-head attention), does not apply.
-# Every other run here is GPT-style: Narayanan's Tables 1 and 2, MT-NLG 530B and BLOOM (whose
-# ALiBi replaces the position table, a difference of 0.02%).
-GPT_STYLE = tuple(r for r in ALL_RUNS if not r.name.startswith("Llama 3"))
+# Nemotron-4 grouped-query attention, so Narayanan's eq. (2), written for GPT (4h FFN, full
+# multi-head attention), does not apply to them: `shaped_parameters` counts theirs. Every other run
+# here is GPT-style: Narayanan's Tables 1 and 2, MT-NLG 530B and BLOOM (whose ALiBi replaces the
+# position table, a difference of 0.02%).
+GPT_STYLE = tuple(r for r in ALL_RUNS if not (r.n_kv_head or r.ffn_hidden or r.gated_mlp))
+SHAPED = tuple(r for r in ALL_RUNS if r not in GPT_STYLE)
 
 
 def ids(runs):
@@ -38,12 +41,21 @@ def narayanan_parameters(r: PublishedRun) -> float:
     return 12 * l * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * l * h))
 
 
+def shaped_parameters(r: PublishedRun) -> float:
+    """Weights of a model with grouped-query attention and a (gated) MLP of its own width: per layer
+    q (h·h), k and v (2·h·kv·h/a), the output (h·h), the MLP's matrices (2 or, gated, 3 of h·ffn);
+    the input embedding and an untied output layer (V·h each). Norms and biases left out."""
+    h, kv, d = r.n_embd, r.n_kv_head or r.n_head, r.n_embd // r.n_head
+    layer = 2 * h * h + 2 * h * kv * d + (3 if r.gated_mlp else 2) * h * (r.ffn_hidden or 4 * h)
+    return r.n_layer * layer + r.vocab_size * h * (1 if r.tie_embeddings else 2)
+
+
 def test_collections_are_what_they_say():
     assert len(NARAYANAN_TABLE_1) == 10 and len(NARAYANAN_TABLE_2) == 12 and len(OTHER_RUNS) >= 3
     assert ALL_RUNS == NARAYANAN_TABLE_1 + NARAYANAN_TABLE_2 + OTHER_RUNS
     assert len({r.name for r in ALL_RUNS}) == len(ALL_RUNS), "run names must be unique"
     assert all(isinstance(r, PublishedRun) for r in ALL_RUNS)
-    assert len(GPT_STYLE) == len(ALL_RUNS) - 3
+    assert {r.name.split(',')[0] for r in SHAPED} == {'Llama 3 405B', 'Nemotron-4 340B'} and len(SHAPED) == 6
 
 
 @pytest.mark.parametrize("r", ALL_RUNS, ids=ids(ALL_RUNS))
@@ -82,6 +94,27 @@ def test_model_splits_as_the_layout_says(r):
 @pytest.mark.parametrize("r", [r for r in GPT_STYLE if r.parameters], ids=ids(r for r in GPT_STYLE if r.parameters))
 def test_parameter_count_follows_from_the_sizes(r):
     assert narayanan_parameters(r) == pytest.approx(r.parameters, rel=0.03)
+
+
+@pytest.mark.parametrize("r", SHAPED, ids=ids(SHAPED))
+def test_shaped_parameter_count_follows_from_the_sizes(r):
+    """Llama 3 405B: 405.8B; Nemotron-4 340B: 341.0B (its report's model card: 340B)."""
+    assert shaped_parameters(r) == pytest.approx(r.parameters, rel=0.01)
+
+
+def test_nemotron_mfu_follows_from_its_iteration_times():
+    """Nemotron-4's Table 2 states batch, iteration time and MFU: the model's FLOPs per step (per
+    layer 2·B·s·weights and the attention's 4·B·s²·h, forward, three passes; the output layer
+    6·B·s·h·V) over the time, the GPUs and 989.5 TFLOP/s give the MFU column within 0.2 points."""
+    runs = [r for r in OTHER_RUNS if r.name.startswith("Nemotron")]
+    assert [r.gpus for r in runs] == sorted(NEMOTRON_TABLE_2) == [1536, 3072, 6144]
+    for r in runs:
+        dp, batch, seconds, mfu = NEMOTRON_TABLE_2[r.gpus]
+        assert (dp, batch) == (r.dp, r.global_batch) and r.tflops_per_gpu == pytest.approx(mfu / 100 * 989.5, abs=0.05)
+        B, s, L, h, V = batch, r.seq, r.n_layer, r.n_embd, r.vocab_size
+        weights = (shaped_parameters(r) - 2 * V * h) / L
+        flops = 3 * (2 * B * s * L * weights + 4 * B * s * s * L * h) + 6 * B * s * h * V
+        assert 100 * flops / (seconds * r.gpus * 989.5e12) == pytest.approx(mfu, abs=0.2)
 
 
 @pytest.mark.parametrize("r", NARAYANAN_TABLE_1, ids=ids(NARAYANAN_TABLE_1))

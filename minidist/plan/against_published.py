@@ -11,16 +11,17 @@ stages, its interleaved schedule's rules; `framework_accepts`), so that two ques
   against theirs, and how much slower it predicts their layout than its own choice.
 
 What the runs counted decides what is compared: Narayanan et al. and BLOOM count recomputation's
-extra forward (`tflops_per_device`), Llama 3 the model's FLOPs only (MFU x peak).
+extra forward (`tflops_per_device`), Llama 3 and Nemotron-4 the model's FLOPs only (MFU x peak).
 """
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
-from minidist.core.model import GPTConfig
 from minidist.frameworks.megatron import why_megatron_refuses
 from minidist.plan.hardware import load_device
 from minidist.plan.predict import Cluster, Workload, predict
+from minidist.plan.workload import TransformerShape
 from minidist.plan.published import ALL_RUNS, PublishedRun
 from minidist.plan.search import plan
 from minidist.training.layout import Layout
@@ -31,17 +32,25 @@ def workload_of(run: PublishedRun) -> Workload:
     all-reduced the gradients after backward (no overlap); PyTorch's DDP (Table 1's smaller models),
     DeepSpeed's ZeRO-3 and Llama 3's FSDP overlap theirs, and PyTorch's DDP keeps its buckets as a
     second copy of the gradients. The model states are the bytes the run's framework keeps
-    (`state_bytes`: Megatron-LM's fp16 optimizer 20 per parameter) where documented. Runs after 2022
-    (Llama 3) use FlashAttention, which never stores the s x s scores."""
-    config = GPTConfig(vocab_size=run.vocab_size, block_size=run.seq, n_layer=run.n_layer, n_head=run.n_head,
-                       n_embd=run.n_embd)
-    modern = run.name.startswith("Llama")
+    (`state_bytes`: Megatron-LM's fp16 optimizer 20 per parameter) where documented. The H100 runs
+    of 2024 (Llama 3, Nemotron-4) use FlashAttention, which never stores the s x s scores, and
+    sequence parallelism. Where the source does not say whether activations were recomputed, they
+    were if the stated layout does not fit without: recomputation costs a third of the step, and
+    nobody pays it who need not."""
+    config = TransformerShape(vocab_size=run.vocab_size, block_size=run.seq, n_layer=run.n_layer, n_head=run.n_head,
+                              n_embd=run.n_embd, tie_weights=run.tie_embeddings, n_kv_head=run.n_kv_head,
+                              ffn_hidden=run.ffn_hidden, gated_mlp=run.gated_mlp)
+    modern = run.device.startswith("h100")  # H100-era runs (2024) use FlashAttention and sequence parallelism
     torch_ddp = run.ddp == "torch"
-    return Workload(config, run.global_batch, run.seq, "mixed", "megatron",
-                    recompute=run.recompute in ("full", "selective", "unknown"),
-                    sequence_parallel=run.sequence_parallel or modern, overlap=run.zero >= 2 or modern or torch_ddp,
-                    pad_vocab=True, flash_attention=modern, state_bytes=run.state_bytes,
-                    gradient_copies=2 if torch_ddp else 1)
+    w = Workload(config, run.global_batch, run.seq, "mixed", "megatron", recompute=run.recompute != "none",
+                 sequence_parallel=run.sequence_parallel or modern, overlap=run.zero >= 2 or modern or torch_ddp,
+                 pad_vocab=True, flash_attention=modern, state_bytes=run.state_bytes,
+                 gradient_copies=2 if torch_ddp else 1)
+    if run.recompute == "unknown":
+        without = replace(w, recompute=False)
+        if predict(without, stated_layout(run), cluster_of(run))["fits"]:
+            return without
+    return w
 
 
 def cluster_of(run: PublishedRun) -> Cluster:
@@ -64,7 +73,7 @@ def stated_layout(run: PublishedRun) -> Layout:
 
 
 def measured_kind(run: PublishedRun) -> str:
-    return "mfu" if run.name.startswith("Llama") else "tflops_per_device"
+    return "mfu" if run.reports_mfu else "tflops_per_device"
 
 
 def achieved(prediction: dict, run: PublishedRun, cluster: Cluster) -> float:

@@ -22,8 +22,8 @@ How to read a record:
   differently. Narayanan et al. (and the Megatron-Turing NLG paper, which uses the same code)
   count the FLOPs of their equation (3), which includes the extra forward pass of activation
   recomputation; BigScience counts "hardware" FLOPs the same way (factor 4·2 instead of 3·2);
-  Llama 3 reports model FLOPs (its BF16 MFU column), and trained its 8K-token stage without
-  activation recomputation.
+  Llama 3 and Nemotron-4 report model FLOPs (their BF16 MFU column; `reports_mfu`), and Llama 3
+  trained its 8K-token stage without activation recomputation.
 - `global_batch` is in sequences of `seq` tokens. Where a run ramped its batch up, it is the
   batch at which the throughput was measured.
 - `micro_batch` and `virtual_stages` are None where the source does not state them.
@@ -77,6 +77,12 @@ class PublishedRun:
                                           # unlike the device preset's (None: the preset's)
     framework: str = ""  # "megatron-lm" where the run's code is Megatron-LM: the planner's search then
                          # keeps to the layouts Megatron-LM runs (frameworks.megatron.why_megatron_refuses)
+    n_kv_head: int = 0       # key/value heads of grouped-query attention (0: n_head, plain multi-head)
+    ffn_hidden: int = 0      # the MLP's width (0: GPT's 4·n_embd)
+    gated_mlp: bool = False  # SwiGLU: gate, up and down matrices instead of GPT's two
+    tie_embeddings: bool = True   # the output layer shares the input embedding's matrix (GPT-2, Megatron's default)
+    reports_mfu: bool = False     # the source reports MFU (model FLOPs, no recomputation, over the dense
+                                  # peak); tflops_per_gpu is then MFU x the device preset's peak
 
 
 # ----------------------------------------------------------------------------- Narayanan et al. 2021
@@ -286,8 +292,38 @@ def _llama3(gpus, cp, dp, seq, global_batch, batch_per_dp, tflops, mfu, recomput
         device="h100-80gb-sxm", gpus=gpus, gpus_per_node=8, n_layer=126, n_embd=16384, n_head=128,
         vocab_size=128000, seq=seq, global_batch=global_batch, tp=8, pp=16, dp=dp, micro_batch=None, zero=2,
         virtual_stages=None, sequence_parallel=False, context_parallel=cp, recompute=recompute, precision="mixed",
-        tflops_per_gpu=float(tflops), parameters=405e9,
+        tflops_per_gpu=float(tflops), parameters=405e9, n_kv_head=8, ffn_hidden=53248, gated_mlp=True,
+        tie_embeddings=False, reports_mfu=True,
         notes=f"{_LLAMA3_MODEL}{_LLAMA3_PAR}Batch size per DP group {batch_per_dp}; BF16 MFU {mfu}%. {extra}".strip())
+
+
+_NEMOTRON_SOURCE = ("NVIDIA, \"Nemotron-4 340B Technical Report\", arXiv:2406.11704, §2.1 (architecture, Table 1) "
+                    "and §2.2 (training: Table 2, batch size ramp-up with iteration time and MFU)")
+_NEMOTRON_NOTES = ("Nemotron-4-340B-Base: 96 layers, hidden 18,432, 96 attention heads with 8 key/value heads (GQA), "
+                   "MLP 73,728 wide with squared ReLU (two matrices, no gate), no biases, untied input and output "
+                   "embeddings, vocabulary 256,000, sequence 4,096, RoPE. 768 DGX H100 nodes (8 x H100 80GB SXM5, "
+                   "NVLink/NVSwitch, 8 x 400 Gb/s InfiniBand per node). \"8-way tensor parallelism, 12-way pipeline "
+                   "parallelism with interleaving and data parallelism\", with a distributed optimizer sharding the "
+                   "optimizer state over the data-parallel replicas (recorded zero=1); chunks per rank, micro-batch "
+                   "and recomputation not stated. The batch ramped up in three stages, each a row of Table 2 "
+                   "(data-parallel size, GPUs, iteration time, MFU, batch); MFU is model FLOPs over 989 TFLOP/s "
+                   "of BF16. The rows are consistent with themselves: 6·N·tokens over the iteration time gives the "
+                   "MFU column to half a percent (tests/test_published.py). Iteration time {step} s.")
+
+# GPUs: (data-parallel size, batch, seconds per iteration, MFU %), Nemotron-4 340B report Table 2
+NEMOTRON_TABLE_2: dict[int, tuple] = {1536: (16, 768, 10.3, 42.4), 3072: (32, 1536, 10.3, 42.3),
+                                      6144: (64, 2304, 8.0, 41.0)}
+
+
+def _nemotron(gpus):
+    dp, batch, step, mfu = NEMOTRON_TABLE_2[gpus]
+    return PublishedRun(
+        name=f"Nemotron-4 340B, {gpus} GPUs", source=_NEMOTRON_SOURCE,
+        device="h100-80gb-sxm", gpus=gpus, gpus_per_node=8, n_layer=96, n_embd=18432, n_head=96,
+        vocab_size=256000, seq=4096, global_batch=batch, tp=8, pp=12, dp=dp, micro_batch=None, zero=1,
+        virtual_stages=None, sequence_parallel=False, context_parallel=1, recompute="unknown", precision="mixed",
+        tflops_per_gpu=round(mfu / 100 * 989.5, 1), parameters=340e9, framework="megatron-lm", n_kv_head=8,
+        ffn_hidden=73728, tie_embeddings=False, reports_mfu=True, notes=_NEMOTRON_NOTES.format(step=step))
 
 
 OTHER_RUNS: tuple[PublishedRun, ...] = (
@@ -317,6 +353,7 @@ OTHER_RUNS: tuple[PublishedRun, ...] = (
     _llama3(16384, 16, 8, 131072, 128, 16, 380, 38, "unknown",
             "Long-context stage. arXiv v3 prints DP 8 (8 x 16 x 16 x 8 = 16,384); other copies of the paper print "
             "DP 4, which does not multiply out to 16,384 GPUs. All-gather based context parallelism."),
+    _nemotron(1536), _nemotron(3072), _nemotron(6144),
 )
 
 ALL_RUNS: tuple[PublishedRun, ...] = NARAYANAN_TABLE_1 + NARAYANAN_TABLE_2 + OTHER_RUNS

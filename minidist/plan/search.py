@@ -49,6 +49,7 @@ from minidist.core.model import GPTConfig
 from minidist.training.layout import Layout
 from minidist.plan.hardware import PRESETS as PRESET_DEVICES, device_table, load_device
 from minidist.plan.predict import STATE_BYTES, Cluster, Workload, bytes_per_param, predict
+from minidist.plan.workload import block_widths
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
@@ -79,7 +80,8 @@ def factorisations(config, world: int, global_batch: int) -> list[tuple[int, int
     them), p <= the layers, d divides the global batch. Bounded by the model, not by the world: a
     billion devices are answered at once."""
     shapes = []
-    for t in divisors(math.gcd(world, config.n_head)):
+    kv, _, _ = block_widths(config)  # grouped-query attention: t also divides the key/value heads
+    for t in divisors(math.gcd(world, config.n_head, kv)):
         for p in range(1, min(config.n_layer, world // t) + 1):
             if (world // t) % p == 0 and global_batch % (world // (t * p)) == 0:
                 shapes.append((world // (t * p), t, p))

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from minidist.parallel.mesh import coordinates
 from minidist.plan.memory import layer_activation_elements, megatron_activation_bytes
-from minidist.plan.workload import ACTIVATION_BYTES, Workload, bytes_per_param, chunk_layers, config_for, padded_vocab
+from minidist.plan.workload import (ACTIVATION_BYTES, Workload, block_weights, bytes_per_param, chunk_layers, config_for,
+                                   padded_vocab)
 from minidist.training.layout import Layout
 
 
@@ -31,7 +32,8 @@ def rank_units(config, tp: int, pp: int, stage: int, virtual_stages: int = 1) ->
         root += V * C // tp + T * C
     if stage == pp - 1:
         root += 2 * C + (V * C // tp if (not config.tie_weights or pp > 1) else 0)
-    return [root] + [(12 * C * C + 7 * C) // tp + 6 * C] * blocks
+    weights, biases = block_weights(config)  # 12C² and 7C for minidist's GPT
+    return [root] + [(weights + biases) // tp + 6 * C] * blocks
 
 
 def rank_parameter_count(config, dp: int, tp: int, pp: int, rank: int, virtual_stages: int = 1) -> int:

@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from minidist.comm import cost
 from minidist.parallel import schedules as S
 from minidist.plan.stage_memory import layer_activation_bytes
-from minidist.plan.workload import ACTIVATION_BYTES, Cluster, Workload, bytes_per_param, chunk_layers, padded_vocab
+from minidist.plan.workload import (ACTIVATION_BYTES, Cluster, Workload, block_weights, block_widths, bytes_per_param,
+                                   chunk_layers, padded_vocab)
 from minidist.training.layout import Layout
 
 
@@ -48,7 +49,8 @@ def flops_per_step(w: Workload, recompute: bool | None = None) -> float:
     `recompute` (default: the workload's) chooses; MFU counts the model's FLOPs, without it."""
     c, B, s = w.config, w.global_batch, w.seq
     passes = 4 if (w.recompute if recompute is None else recompute) else 3
-    return passes * (24 * B * s * c.n_layer * c.n_embd ** 2 + 4 * B * s * s * c.n_layer * c.n_embd) + \
+    weights, _ = block_weights(c)  # 12h² (24·B·s·h² a forward); grouped-query attention and gated MLPs their own
+    return passes * (2 * B * s * c.n_layer * weights + 4 * B * s * s * c.n_layer * c.n_embd) + \
         6 * B * s * c.n_embd * c.vocab_size
 
 
@@ -112,13 +114,16 @@ def pp_messages(p: int, m: int, v: int = 1) -> int:
     return 0 if p == 1 else (2 * v if p > 2 else 2 * v - 1) * m
 
 
-def layer_gemms(b: int, s: int, h: int, a: int, t: int) -> list[tuple[int, int, int, int]]:
+def layer_gemms(b: int, s: int, h: int, a: int, t: int, kv: int = 0, ffn: int = 0,
+                gated: bool = False) -> list[tuple[int, int, int, int]]:
     """(count, M, N, K) of one transformer layer's forward GEMMs on one of t tensor-parallel ranks,
     for b sequences of s tokens: q/k/v, the scores and the weighted values per head, the
-    projection, the MLP's two. 2·count·M·N·K adds up to (24·b·s·h² + 4·b·s²·h) / t."""
-    n, heads = b * s, b * (a // t)
-    return [(1, n, 3 * h // t, h), (heads, s, s, h // a), (heads, s, h // a, s), (1, n, h, h // t),
-            (1, n, 4 * h // t, h), (1, n, h, 4 * h // t)]
+    projection, the MLP's two (gated: its gate and up as one, then down). kv key/value heads
+    (0: a) and an MLP ffn wide (0: 4h) as `workload.block_widths` gives them. 2·count·M·N·K adds
+    up to (24·b·s·h² + 4·b·s²·h) / t for minidist's GPT."""
+    n, heads, d, kv, ffn = b * s, b * (a // t), h // a, kv or a, ffn or 4 * h
+    return [(1, n, (h + 2 * kv * d) // t, h), (heads, s, s, d), (heads, s, d, s), (1, n, h, h // t),
+            (1, n, (2 if gated else 1) * ffn // t, h), (1, n, h, ffn // t)]
 
 
 def gemms_seconds(gemms, cluster, itemsize: int) -> tuple[float, float]:
@@ -222,7 +227,8 @@ def stage_costs(w, layout: Layout, cluster, b: int) -> tuple:
     h, a = c.n_embd, c.n_head
     item = ACTIVATION_BYTES[w.precision]
     vocab = padded_vocab(c.vocab_size, t) if w.pad_vocab else c.vocab_size
-    gemm, _ = gemms_seconds(layer_gemms(b, s, h, a, t), cluster, item)
+    kv, ffn, inputs = block_widths(c)
+    gemm, _ = gemms_seconds(layer_gemms(b, s, h, a, t, kv, ffn, inputs == 2), cluster, item)
     # each stored activation written and read once forward (Korthikanti et al.'s bytes are 16-bit)
     moved = 2 * layer_activation_bytes(w, b, t) * (item / 2 if w.activations == "megatron" else 1)
     # fixed costs of a layer pass, a third forward and two thirds backward: every layer's, and the

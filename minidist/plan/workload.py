@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, replace
 
+from minidist.core.model import GPTConfig
 from minidist.parallel.pipeline_stage import chunk_layers as _chunk_layers
 from minidist.plan.memory import PRECISIONS
 
@@ -88,6 +89,42 @@ class Cluster:
         """(alpha, beta) of a message inside a node or between nodes."""
         return (self.intra_latency, 1 / self.intra_bandwidth) if inside else \
             (self.inter_latency, 1 / self.inter_bandwidth)
+
+
+@dataclass
+class TransformerShape(GPTConfig):
+    """A GPT with its blocks shaped as recent production models ship them, for the planner only
+    (minidist's own GPT is the default: as many key/value heads as query heads, an MLP 4·n_embd
+    wide, no gate). Grouped-query attention shares n_kv_head key/value heads among the query heads
+    (Ainslie et al. 2023: Llama 3, Nemotron-4); a gated MLP (SwiGLU, Shazeer 2020) multiplies by
+    three matrices, gate, up and down, ffn_hidden wide."""
+    n_kv_head: int = 0        # 0: n_head (plain multi-head attention)
+    ffn_hidden: int = 0       # 0: 4·n_embd
+    gated_mlp: bool = False
+
+    def __post_init__(self):
+        super().__post_init__()
+        kv = self.n_kv_head or self.n_head
+        if self.n_kv_head < 0 or self.ffn_hidden < 0 or self.n_head % kv:
+            raise ValueError(f"n_kv_head {self.n_kv_head} must divide n_head {self.n_head} and ffn_hidden "
+                             f"{self.ffn_hidden} be positive (0: the defaults)")
+
+
+def block_widths(config) -> tuple[int, int, int]:
+    """(key/value heads, the MLP's width, its input matrices) of one block: (n_head, 4h, 1) for
+    minidist's GPT, a TransformerShape's own (a gated MLP has two input matrices, gate and up)."""
+    return (getattr(config, "n_kv_head", 0) or config.n_head, getattr(config, "ffn_hidden", 0) or 4 * config.n_embd,
+            2 if getattr(config, "gated_mlp", False) else 1)
+
+
+def block_weights(config) -> tuple[int, int]:
+    """(weights of one block's matrices, their biases): 12h² and 7h for minidist's GPT. q, k and v
+    project h to h + 2·kv·h/a, the attention's output h to h, the MLP h to ffn (once per input
+    matrix) and back; the biases are q, k, v's and the MLP's input matrices' (chapter 6 splits these)."""
+    h = config.n_embd
+    kv, ffn, inputs = block_widths(config)
+    qkv = h + 2 * kv * (h // config.n_head)
+    return h * qkv + h * h + (inputs + 1) * h * ffn, qkv + inputs * ffn
 
 
 @dataclass(frozen=True)
