@@ -368,3 +368,23 @@ def test_cli_scatter_gather(tmp_path, capsys):
     assert "scatter/gather" in capsys.readouterr().out
     assert rows[1]["bytes_sent"]["pp"] == pytest.approx(rows[0]["bytes_sent"]["pp"] / 4)
     assert rows[1]["pp"] < rows[0]["pp"]
+
+
+def test_cli_grouped_query_attention(tmp_path, capsys):
+    """--model llama3-405b (or --n-kv-head, --ffn-hidden, --gated-mlp): the model as Llama 3 has it,
+    8 key/value heads, which tp never splits finer (tp 16 refused in one line, none searched); with
+    FlashAttention and sequence parallelism on H100s some layouts fit. A key/value head count that
+    does not divide the heads is refused before any work."""
+    path = tmp_path / "llama.json"
+    flags = ["--model", "llama3-405b", "--gpus", "16384", "--device", "h100-80gb-sxm", "--flash-attention",
+             "--sequence-parallel"]
+    assert main([*flags, "--json", str(path)]) == 0
+    assert "8 key/value heads, MLP 53248 gated" in capsys.readouterr().out
+    report = json.loads(path.read_text())
+    assert report["model"]["n_kv_head"] == 8 and report["model"]["gated_mlp"] is True
+    assert {r["layout"]["tp"] for r in report["layouts"]} == {1, 2, 4, 8} and report["layouts"][0]["fits"]
+    for bad in (["--layout", "dp64-tp16-pp16-m2"], ["--n-kv-head", "7"]):
+        with pytest.raises(SystemExit):
+            main([*flags, *bad])
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and ("key/value heads" in err or "--n-kv-head 7" in err)

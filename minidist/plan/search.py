@@ -45,11 +45,10 @@ from tqdm import tqdm
 
 from minidist import cli
 from minidist.plan.memory import format_bytes
-from minidist.core.model import GPTConfig
 from minidist.training.layout import Layout
 from minidist.plan.hardware import PRESETS as PRESET_DEVICES, device_table, load_device
 from minidist.plan.predict import STATE_BYTES, Cluster, Workload, bytes_per_param, predict
-from minidist.plan.workload import block_widths
+from minidist.plan.workload import TransformerShape, block_widths
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
@@ -59,6 +58,9 @@ PRESETS = {
     "gpt2": (dict(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768), 512, "mixed", True),
     # GPT-3 175B (Brown et al. 2020); V = 51200 is GPT-2's 50257 as Megatron-LM pads it for t <= 8
     "gpt3-175b": (dict(vocab_size=51200, block_size=2048, n_layer=96, n_head=96, n_embd=12288), 1536, "mixed", False),
+    # Llama 3 405B (Llama Team 2024, Table 3): grouped-query attention, SwiGLU, untied; 16M tokens a step
+    "llama3-405b": (dict(vocab_size=128000, block_size=8192, n_layer=126, n_head=128, n_embd=16384, n_kv_head=8,
+                         ffn_hidden=53248, gated_mlp=True, tie_weights=False), 2048, "mixed", False),
 }
 
 
@@ -90,7 +92,11 @@ def factorisations(config, world: int, global_batch: int) -> list[tuple[int, int
 
 def why_invalid(config, world: int, layout: Layout, global_batch: int, pad_vocab: bool = False) -> str | None:
     """Why `layout` cannot run `config` on `world` devices (one line), or None if it can: the demo's
-    own rule, `Layout.why_invalid`, so every layout the planner ranks is one minidist runs."""
+    own rule, `Layout.why_invalid`, so every layout the planner ranks is one minidist runs; and with
+    grouped-query attention t divides the key/value heads and the MLP's width (Megatron-LM's rule)."""
+    kv, ffn, _ = block_widths(config)
+    if kv % layout.tp or ffn % layout.tp:
+        return f"tp={layout.tp} does not divide the {kv} key/value heads and the MLP's width {ffn}"
     return layout.why_invalid(config, world, global_batch, pad_vocab)
 
 
@@ -108,7 +114,7 @@ def candidate_layouts(config, world: int, global_batch: int, zero_stages=(0, 1, 
                 for schedule, v in options:
                     layout = Layout(dp=d, tp=t, pp=p, zero=zero, microbatches=m, schedule=schedule,
                                     virtual_stages=v)
-                    if layout.why_invalid(config, world, global_batch, pad_vocab) is None:
+                    if why_invalid(config, world, layout, global_batch, pad_vocab) is None:
                         layouts.append(layout)
     return layouts
 
@@ -181,10 +187,15 @@ def build_parser():
     positive, real = cli.integer(1), cli.number(0, lo_open=True)
     p = cli.OneLineParser(prog="python -m minidist.plan", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=sorted(PRESETS), default="demo",
-                   help="a preset (demo: minidist's GPT; gpt2: 12 x 768; gpt3-175b: 96 x 12288, 96 heads); "
+                   help="a preset (demo: minidist's GPT; gpt2: 12 x 768; gpt3-175b: 96 x 12288, 96 heads; "
+                        "llama3-405b: 126 x 16384, 128 heads, 8 key/value heads, SwiGLU); "
                         "the flags below override its fields")
     for flag in ("--n-layer", "--n-embd", "--n-head", "--vocab-size", "--seq-len"):
         p.add_argument(flag, type=positive)
+    p.add_argument("--n-kv-head", type=positive,
+                   help="key/value heads shared by the query heads (grouped-query attention; default: --n-head)")
+    p.add_argument("--ffn-hidden", type=positive, help="the MLP's width (default: 4 x --n-embd)")
+    p.add_argument("--gated-mlp", action="store_true", help="a gated MLP (SwiGLU: gate, up and down matrices)")
     p.add_argument("--untied", action="store_true", help="a separate LM head instead of the tied embedding")
     p.add_argument("--pad-vocab", action="store_true", default=None,
                    help="pad the vocabulary to a multiple of 128 x tp as Megatron-LM does (gpt2 preset: on)")
@@ -223,6 +234,8 @@ def build_parser():
                         "fp32/fp64, megatron for mixed)")
     p.add_argument("--recompute", action="store_true", help="full activation recomputation (Megatron-LM 2021)")
     p.add_argument("--sequence-parallel", action="store_true", help="split the replicated activations by tp")
+    p.add_argument("--flash-attention", action="store_true",
+                   help="attention that never stores its s x s scores (Dao et al. 2022; every run since 2023)")
     p.add_argument("--scatter-gather", action="store_true",
                    help="send each pipeline message in tp pieces, gathered inside the receiving node (Megatron-LM)")
     p.add_argument("--no-overlap", action="store_true", help="count all data-parallel communication as exposed")
@@ -236,14 +249,17 @@ def build_parser():
 def setup(args) -> tuple[Workload, Cluster]:
     """The workload and cluster the flags describe; ValueError names what is wrong."""
     fields, batch, precision, pad = PRESETS[args.model]
-    fields = dict(fields, tie_weights=not args.untied)
-    for name, key in (("n_layer", "n_layer"), ("n_embd", "n_embd"), ("n_head", "n_head"),
-                      ("vocab_size", "vocab_size"), ("seq_len", "block_size")):
+    fields = dict(fields, **({"tie_weights": False} if args.untied else {}), **({"gated_mlp": True} if args.gated_mlp
+                                                                               else {}))
+    for name, key in (("n_layer", "n_layer"), ("n_embd", "n_embd"), ("n_head", "n_head"), ("n_kv_head", "n_kv_head"),
+                      ("ffn_hidden", "ffn_hidden"), ("vocab_size", "vocab_size"), ("seq_len", "block_size")):
         if getattr(args, name) is not None:
             fields[key] = getattr(args, name)
     if fields["n_embd"] % fields["n_head"]:
         raise ValueError(f"--n-embd {fields['n_embd']} is not divisible by --n-head {fields['n_head']}")
-    config = GPTConfig(**fields)
+    if fields.get("n_kv_head") and fields["n_head"] % fields["n_kv_head"]:
+        raise ValueError(f"--n-kv-head {fields['n_kv_head']} does not divide --n-head {fields['n_head']}")
+    config = TransformerShape(**fields)  # GPT's own block unless the flags give it grouped-query attention or a gate
     if args.state_bytes is not None and len(args.state_bytes) != 3:
         raise ValueError(f"--state-bytes needs three numbers (parameters, gradients, optimizer), "
                          f"got {len(args.state_bytes)}")
@@ -253,7 +269,7 @@ def setup(args) -> tuple[Workload, Cluster]:
                         args.recompute, args.sequence_parallel, not args.no_overlap,
                         pad if args.pad_vocab is None else args.pad_vocab,
                         state_bytes=tuple(args.state_bytes) if args.state_bytes else None,
-                        scatter_gather=args.scatter_gather)
+                        flash_attention=args.flash_attention, scatter_gather=args.scatter_gather)
     device = load_device(args.device)
     changes = {field: getattr(args, flag) * scale for flag, field, scale in (
         ("gpus_per_node", "gpus_per_node", 1), ("memory", "memory", 1e9), ("intra_bw", "intra_bandwidth", 1e9),
@@ -272,7 +288,7 @@ def no_layout_reason(workload: Workload, world: int, zero_stages, schedules) -> 
     for d, t, p in factorisations(c, world, workload.global_batch):
         layout = Layout(dp=d, tp=t, pp=p, zero=min(zero_stages), schedule=None if p == 1 else schedules[0],
                         virtual_stages=2 if p > 1 and schedules[0] == "interleaved" else 1)
-        reasons.append(layout.why_invalid(c, world, workload.global_batch, workload.pad_vocab))
+        reasons.append(why_invalid(c, world, layout, workload.global_batch, workload.pad_vocab))
     if not reasons:
         most = c.n_head * c.n_layer * workload.global_batch
         return (f"d·t·p = {world} needs t dividing the {c.n_head} heads, p <= {c.n_layer} layers and d dividing the "
@@ -325,7 +341,9 @@ def main(argv=None) -> int:
         workload, cluster = setup(args)
         asked = [Layout.parse(name) for name in (args.layout, args.explain) if name]
         for layout in asked:
-            layout.validate(workload.config, cluster.gpus, workload.global_batch, workload.pad_vocab)
+            reason = why_invalid(workload.config, cluster.gpus, layout, workload.global_batch, workload.pad_vocab)
+            if reason:
+                raise ValueError(f"layout {layout}: {reason}")
     except ValueError as error:
         parser.error(str(error))
     zero_stages, schedules = tuple(dict.fromkeys(args.zero)), tuple(dict.fromkeys(args.schedules))
@@ -343,8 +361,12 @@ def main(argv=None) -> int:
     nodes = -(-cluster.gpus // cluster.gpus_per_node)
     how = "".join(f", {word}" for word, on in (("recompute", workload.recompute),
                                                 ("sequence parallel", workload.sequence_parallel),
+                                                ("FlashAttention", workload.flash_attention),
                                                 ("scatter/gather", workload.scatter_gather)) if on)
-    print(f"GPT {c.n_layer} x {c.n_embd} ({c.n_head} heads, vocab {c.vocab_size}, seq {workload.seq}), "
+    kv, ffn, inputs = block_widths(c)
+    shape = (f", {kv} key/value heads" if kv != c.n_head else "") + (f", MLP {ffn}" if ffn != 4 * c.n_embd else "") + \
+        (" gated" if inputs == 2 else "")
+    print(f"GPT {c.n_layer} x {c.n_embd} ({c.n_head} heads{shape}, vocab {c.vocab_size}, seq {workload.seq}), "
           f"global batch {workload.global_batch}, {workload.precision} "
           f"({'+'.join(f'{b:g}' for b in bytes_per_param(workload))} bytes per parameter), "
           f"activations: {workload.activations}{how}; "
