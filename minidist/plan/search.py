@@ -94,10 +94,11 @@ def why_invalid(config, world: int, layout: Layout, global_batch: int, pad_vocab
     """Why `layout` cannot run `config` on `world` devices (one line), or None if it can: the demo's
     own rule, `Layout.why_invalid`, so every layout the planner ranks is one minidist runs; and with
     grouped-query attention t divides the key/value heads and the MLP's width (Megatron-LM's rule)."""
+    why = layout.why_invalid(config, world, global_batch, pad_vocab)
     kv, ffn, _ = block_widths(config)
-    if kv % layout.tp or ffn % layout.tp:
-        return f"tp={layout.tp} does not divide the {kv} key/value heads and the MLP's width {ffn}"
-    return layout.why_invalid(config, world, global_batch, pad_vocab)
+    if why is None and (kv % layout.tp or ffn % layout.tp):
+        why = f"tp={layout.tp} does not divide the {kv} key/value heads and the MLP's width {ffn}"
+    return why
 
 
 def candidate_layouts(config, world: int, global_batch: int, zero_stages=(0, 1, 2, 3), schedules=SCHEDULES,
