@@ -307,8 +307,9 @@ _NEMOTRON_NOTES = ("Nemotron-4-340B-Base: 96 layers, hidden 18,432, 96 attention
                    "optimizer state over the data-parallel replicas (recorded zero=1); chunks per rank, micro-batch "
                    "and recomputation not stated. The batch ramped up in three stages, each a row of Table 2 "
                    "(data-parallel size, GPUs, iteration time, MFU, batch); MFU is model FLOPs over 989 TFLOP/s "
-                   "of BF16. The rows are consistent with themselves: 6·N·tokens over the iteration time gives the "
-                   "MFU column to half a percent (tests/test_published.py). Iteration time {step} s.")
+                   "of BF16. The rows are consistent with themselves: the model's FLOPs (attention included) over the "
+                   "iteration time give the MFU column within 0.2 points (tests/test_published.py). Iteration "
+                   "time {step} s.")
 
 # GPUs: (data-parallel size, batch, seconds per iteration, MFU %), Nemotron-4 340B report Table 2
 NEMOTRON_TABLE_2: dict[int, tuple] = {1536: (16, 768, 10.3, 42.4), 3072: (32, 1536, 10.3, 42.3),

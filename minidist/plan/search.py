@@ -250,8 +250,11 @@ def build_parser():
 def setup(args) -> tuple[Workload, Cluster]:
     """The workload and cluster the flags describe; ValueError names what is wrong."""
     fields, batch, precision, pad = PRESETS[args.model]
-    fields = dict(fields, **({"tie_weights": False} if args.untied else {}), **({"gated_mlp": True} if args.gated_mlp
-                                                                               else {}))
+    fields = dict(fields)
+    if args.untied:
+        fields["tie_weights"] = False
+    if args.gated_mlp:
+        fields["gated_mlp"] = True
     for name, key in (("n_layer", "n_layer"), ("n_embd", "n_embd"), ("n_head", "n_head"), ("n_kv_head", "n_kv_head"),
                       ("ffn_hidden", "ffn_hidden"), ("vocab_size", "vocab_size"), ("seq_len", "block_size")):
         if getattr(args, name) is not None:
