@@ -379,10 +379,12 @@ def main(argv=None) -> int:
     # in a shuffled order: a machine that slows or speeds up during the run then adds noise to the
     # measurements, not a trend along the predicted order (the rows come sorted by prediction); and
     # in --repeats passes, each layout's run the least disturbed of its passes: a disturbance of the
-    # shared machine that outlasts one run (a second or so) rarely outlasts a whole pass
-    order = np.random.default_rng(0).permutation(np.array(chosen, dtype=object))
+    # shared machine that outlasts one run (a second or so) rarely outlasts a whole pass. Each pass
+    # (and each run) shuffles afresh, so that what a slot in the order carries (the job before it
+    # still exiting) falls on other layouts next time, not on the same one every time
+    shuffle = np.random.default_rng()
     for attempt in range(args.repeats):
-        for row in order:
+        for row in shuffle.permutation(np.array(chosen, dtype=object)):
             if row["name"] in skipped:
                 continue
             report, why = run_demo(args.ranks, [*demo_flags(row["layout"]), *model_flags], args.timeout)
