@@ -136,50 +136,51 @@ class LayerNorm(fused.LayerNorm):
 
 
 class GELU(fused.GELU):
-    """The plain formulas as chains of in-place passes, run block by block in the cache."""
+    """The plain formula in another form, as chains of in-place passes run block by block in the
+    cache: 0.5 (1 + tanh(u)) is the logistic sigmoid of 2u, so GELU(x) = x / (1 + exp(-2u)), and
+    NumPy's exp is about twice as fast as its tanh in float64."""
 
     @staticmethod
     def forward(ctx, x):
         x = np.ascontiguousarray(x)  # the blocks are flat views: a transposed input must be copied
-        y, t = np.empty_like(x), np.empty_like(x)
-        for blocks in _blocks(x, y, t, whole=0):
-            _gelu_forward(*blocks)
-        ctx.save_for_backward(x, t)
+        y, sig = np.empty_like(x), np.empty_like(x)
+        with np.errstate(over="ignore"):  # exp(-2u) overflows to inf far left of 0: sigmoid 0, as it should
+            for blocks in _blocks(x, y, sig, whole=0):
+                _gelu_forward(*blocks)
+        ctx.save_for_backward(x, sig)
         return y
 
     @staticmethod
     def backward(ctx, g):
-        x, t = ctx.saved
-        # the gradient overwrites t (ours, freed with the graph): cheaper than a fresh array
-        for blocks in _blocks(x, t, np.ascontiguousarray(g), whole=0, scratch=2):
+        x, sig = ctx.saved
+        # the gradient overwrites sig (ours, freed with the graph): cheaper than a fresh array
+        for blocks in _blocks(x, sig, np.ascontiguousarray(g), whole=0, scratch=2):
             _gelu_backward(*blocks)
-        return (t,)
+        return (sig,)
 
 
-def _gelu_forward(x, y, t):
-    np.multiply(x, x, out=t)
-    t *= 0.044715 * _GELU_C
-    t += _GELU_C
-    t *= x                                      # u = c (x + 0.044715 x^3)
-    np.tanh(t, out=t)                           # t = tanh(u), kept for backward
-    np.add(t, 1.0, out=y)
-    y *= x
-    y *= 0.5                                    # y = 0.5 x (1 + t)
+def _gelu_forward(x, y, sig):
+    np.multiply(x, x, out=sig)
+    sig *= -2 * 0.044715 * _GELU_C
+    sig -= 2 * _GELU_C
+    sig *= x                                    # -2u = -2c (x + 0.044715 x^3)
+    np.exp(sig, out=sig)
+    sig += 1.0
+    np.divide(1.0, sig, out=sig)                # sigmoid(2u) = 0.5 (1 + tanh(u)), kept for backward
+    np.multiply(x, sig, out=y)                  # y = x sigmoid(2u)
 
 
-def _gelu_backward(x, t, g, d, s):
-    """t becomes the gradient g * dGELU/dx (d and s are scratch)."""
-    np.multiply(t, t, out=d)
-    np.subtract(1.0, d, out=d)                  # 1 - t^2
-    np.multiply(x, x, out=s)
-    s *= 3 * 0.044715 * 0.5 * _GELU_C
-    s += 0.5 * _GELU_C                          # 0.5 c (1 + 3 * 0.044715 x^2)
-    d *= s
-    d *= x                                      # 0.5 x (1 - t^2) du/dx
-    t *= 0.5
-    t += d
-    t += 0.5                                    # + 0.5 (1 + t)
-    t *= g
+def _gelu_backward(x, sig, g, q, d):
+    """sig becomes the gradient g * dGELU/dx = g sigmoid (1 + (1 - sigmoid) 2x du/dx) (q, d scratch)."""
+    np.multiply(x, x, out=q)
+    q *= 6 * 0.044715 * _GELU_C
+    q += 2 * _GELU_C
+    q *= x                                      # q = 2x du/dx = 2c x (1 + 3 * 0.044715 x^2)
+    np.subtract(1.0, sig, out=d)
+    q *= d
+    q += 1.0
+    sig *= q
+    sig *= g
 
 
 # ----------------------------------------------------------------------------- attention
