@@ -183,6 +183,24 @@ def test_building_into_the_source_tree_is_refused_in_one_line():
         assert "inside the source tree" in proc.stderr and not (ROOT / "build" / "student-copy").exists()
 
 
+def test_building_over_another_checkout_is_refused_and_a_student_copy_builds_again(tmp_path):
+    other = tmp_path / "another-checkout"  # e.g. a second clone with work in it, not the installed one
+    work = other / "minidist" / "core" / "fused_fast.py"
+    work.parent.mkdir(parents=True)
+    work.write_text("# work not yet committed\n")
+    proc = subprocess.run([sys.executable, "-m", "minidist.assignments", "build", str(other), "--only", "mesh_groups"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "not empty and not a student copy" in proc.stderr
+    assert [p.relative_to(other).as_posix() for p in sorted(other.rglob("*"))] == [
+        "minidist", "minidist/core", "minidist/core/fused_fast.py"] and work.read_text() == "# work not yet committed\n"
+    student = tmp_path / "student"
+    build(student, ["mesh_groups"])
+    (student / "my-notes.txt").write_text("mine")
+    build(student, ["mesh_groups"])  # a student copy is built again in place; what else is there stays
+    assert (student / "my-notes.txt").read_text() == "mine" and (student / "minidist" / "parallel" / "mesh.py").exists()
+
+
 @pytest.mark.full  # the quick tier grades one tampered copy
 def test_without_bubblewrap_grading_is_refused_unless_asked(student, tmp_path):
     bare = tmp_path / "bin"  # a PATH without bwrap

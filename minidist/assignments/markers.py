@@ -121,13 +121,22 @@ class BuildError(ValueError):
     """A student copy that cannot be written where asked (one line)."""
 
 
+STAMP = ".minidist-student-copy"  # written into every student copy: a folder holding it may be built again
+
+
 def build(out: Path, selected: list[str], root: Path | None = None) -> list[Region]:
-    """Copy the package, tests and notebooks to `out` and stub the selected assignments' regions."""
+    """Copy the package, tests and notebooks to `out` and stub the selected assignments' regions.
+    `out` must be new, empty, or a student copy built before: anything else (another checkout of
+    minidist with work in it, a course folder) would have files overwritten by the copy."""
     root = root or repository_root()
     target = out.resolve()
     if target == root.resolve() or root.resolve() in target.parents:
         raise BuildError(f"{out} is inside the source tree {root}: build the student copy somewhere else")
+    if target.is_dir() and any(target.iterdir()) and not (target / STAMP).exists():
+        raise BuildError(f"{out} is not empty and not a student copy built before: its files would be "
+                         f"overwritten, so nothing was written (build into a new or empty folder)")
     out.mkdir(parents=True, exist_ok=True)
+    (out / STAMP).write_text(f"a minidist student copy, built from {root}\n")
     for name in COPIED:
         source, target = root / name, out / name
         if source.is_dir():
