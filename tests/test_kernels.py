@@ -9,6 +9,7 @@ import math
 import os
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -181,6 +182,18 @@ def test_training_the_gpt_both_ways():
 
 
 # ----------------------------------------------------------------------------- bugs both paths once had
+
+
+def test_gelu_far_out_in_both_tails_is_0_and_x_without_a_warning():
+    # the fast path's exp(-2u) overflows to inf far left of 0 (x < about -20): sigmoid 0, gradient 0
+    x = np.array([-1000.0, -40.0, -20.0, -12.0, 0.0, 12.0, 40.0, 1000.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an overflow warning would fail the test
+        assert_same_both_ways(F.gelu, x)
+        for path in PATHS:
+            y, grad = run(path, F.gelu, x)  # backward from array(8, seed=99), as `run` does
+            np.testing.assert_array_equal(y[[0, 1, -2, -1]], [0.0, 0.0, 40.0, 1000.0])
+            np.testing.assert_array_equal(grad[[0, 1, -2, -1]], [0.0, 0.0, *array(8, seed=99)[-2:]])
 
 
 @pytest.mark.parametrize("path", PATHS)
