@@ -194,7 +194,8 @@ def test_layout_not_matching_world_fails_with_one_line():
 @pytest.mark.full
 def test_bench_dp_json_has_speedups_and_the_share_of_the_ceiling(tmp_path):
     """`python -m minidist.bench dp` (one short job): its JSON keeps its keys, and each dp row
-    says what share of its ceiling it reached (a ratio of times, so between 0 and ~1.5)."""
+    says what share of its ceiling it reached: the ceiling's step time over the row's, in the same
+    job (two timed steps on a shared machine: the ratio itself can land anywhere near 1)."""
     from minidist.bench import dp as bench_dp
 
     path = tmp_path / "dp.json"
@@ -207,7 +208,8 @@ def test_bench_dp_json_has_speedups_and_the_share_of_the_ceiling(tmp_path):
         r = records[mode]
         assert r["speedup_vs_serial"] > 0 and r["bytes_sent_per_rank_per_step"] == pytest.approx(
             r["ring_formula_bytes"], rel=0.01)
-        assert 0.2 < r["of_ceiling"] < 1.5 and r["of_ceiling_range"][0] <= r["of_ceiling"] <= r["of_ceiling_range"][1]
+        assert r["of_ceiling"] == pytest.approx(records["ceiling"]["seconds"] / r["seconds"], rel=1e-12)
+        assert r["of_ceiling_range"] == [r["of_ceiling"]] * 2 and 0.1 < r["of_ceiling"] < 10  # one job; a ratio, not a %
     splits = records["balanced"]["splits"]  # rows per rank of each timed step, e.g. {"8/8": 1, "9/7": 1}
     assert sum(splits.values()) == 2 and all(sum(map(int, k.split("/"))) == 16 for k in splits), splits
     assert records["bucketed"]["splits"] == {}
