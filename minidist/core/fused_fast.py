@@ -30,12 +30,12 @@ from minidist.core.fused import _GELU_C, _dropout_mask
 from minidist.core.fused import Dropout, LogSoftmax, Softmax  # noqa: F401  (shared: the plain class is as fast)
 from minidist.core.kernels import register_fast
 
-_BLOCK = 1 << 16  # elements per block: 256-512 KB per array, a few arrays fit in L2/L3
+_BLOCK_BYTES = 1 << 18  # 256 KB of each array per block: a chain's four or five arrays fit in a 2 MB L2
 
 
 def _blocks(*arrays, whole=1, scratch=0):
-    """Yield blocks of C-contiguous arrays that share their leading axes: views of about _BLOCK
-    elements each, cut along the leading axes, keeping the last `whole` axes whole (0: flat
+    """Yield blocks of C-contiguous arrays that share their leading axes: views of about
+    _BLOCK_BYTES each, cut along the leading axes, keeping the last `whole` axes whole (0: flat
     blocks for elementwise work, 2: (T, T) matrices for attention). For chains of passes that
     should hit the cache.
 
@@ -47,7 +47,7 @@ def _blocks(*arrays, whole=1, scratch=0):
             raise ValueError(f"_blocks: array of shape {a.shape} and strides {a.strides} is not C-contiguous")
     tails = [a.shape[a.ndim - whole:] for a in arrays]
     flat = [a.reshape(-1, *tail) for a, tail in zip(arrays, tails)]
-    per_block = max(1, _BLOCK // max(1, math.prod(tails[0])))
+    per_block = max(1, _BLOCK_BYTES // max(1, flat[0].itemsize * math.prod(tails[0])))
     spare = [np.empty((min(per_block, len(flat[0])),) + tails[0], dtype=flat[0].dtype) for _ in range(scratch)]
     for start in range(0, len(flat[0]), per_block):
         blocks = [a[start:start + per_block] for a in flat]
