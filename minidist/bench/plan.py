@@ -380,8 +380,8 @@ def main(argv=None) -> int:
     # measurements, not a trend along the predicted order (the rows come sorted by prediction); and
     # in --repeats passes, each layout's run the least disturbed of its passes: a disturbance of the
     # shared machine that outlasts one run (a second or so) rarely outlasts a whole pass. Each pass
-    # (and each run) shuffles afresh, so that what a slot in the order carries (the job before it
-    # still exiting) falls on other layouts next time, not on the same one every time
+    # (and each run) shuffles afresh, so that whatever a slot in the order carries falls on other
+    # layouts next time, not on the same one every time
     shuffle = np.random.default_rng()
     for attempt in range(args.repeats):
         for row in shuffle.permutation(np.array(chosen, dtype=object)):
