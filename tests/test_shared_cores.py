@@ -5,7 +5,7 @@ import pytest
 from minidist.core.model import GPTConfig
 from minidist.parallel import schedules as S
 from minidist.plan.predict import BESIDE, Cluster, Workload, beside_pipeline, predict, stage_costs
-from minidist.plan.shared_cores import late_notice, simulate_shared, without_latency
+from minidist.plan.shared_cores import simulate_shared, without_latency
 from minidist.training.layout import Layout
 
 CFG = GPTConfig(vocab_size=64, block_size=32, n_layer=4, n_head=2, n_embd=32)
@@ -55,34 +55,6 @@ def test_enough_cores_is_the_plain_simulation_and_one_core_is_all_the_work(sched
     assert makespan(simulate_shared(plans, work, constant(0.0), 1, 1)) == pytest.approx(total)
     two = makespan(simulate_shared(plans, work, constant(0.0), 1, 2))
     assert max(makespan(plain), total / 2) <= two + 1e-9
-
-
-def test_a_receiver_that_waited_long_notices_late_by_hand():
-    """The polite wait yields for `spin` s, then sleeps ever longer, to `max_sleep`: a receiver that
-    waited less than the spin notices at once, one that waited past spin + max_sleep `asleep` s late,
-    and between, in proportion. 1F1B, p = 2, m = 1, forward 10 ms and backward 20 ms of work, a core
-    each: stage 1 waits 10 ms for the activation, stage 0 30 ms for the gradient; both slept, so the
-    step is 60 ms plus two late notices. With every pass 0.4 ms, no wait outlasts the spin: no late
-    notice at all."""
-    spin, nap, asleep = 1e-3, 1e-3, 6e-4
-    assert late_notice(0.9e-3, asleep, spin, nap) == 0.0
-    assert late_notice(1.5e-3, asleep, spin, nap) == pytest.approx(asleep / 2)
-    assert late_notice(0.05, asleep, spin, nap) == asleep
-
-    def late(waited):
-        return late_notice(waited, asleep, spin, nap)
-
-    def work(stage, ins):
-        return 0.010 if ins.kind == S.FORWARD else 0.020
-
-    one = S.all_ranks("1f1b", 2, 1)
-    assert makespan(simulate_shared(one, work, constant(0.0), 1, 2)) == pytest.approx(0.060)
-    events = simulate_shared(one, work, constant(0.0), 1, 2, late)
-    assert makespan(events) == pytest.approx(0.060 + 2 * asleep)
-    assert events[1][0][2] == pytest.approx(0.010 + asleep)  # stage 1's forward starts once it noticed
-    # a receiver that waits no longer than the spin notices at once: the same as without the term
-    quick = simulate_shared(one, constant(0.4e-3), constant(0.0), 1, 2, late)
-    assert makespan(quick) == pytest.approx(4 * 0.4e-3)
 
 
 def test_the_planner_shares_the_cores_as_they_are():

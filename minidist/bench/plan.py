@@ -54,7 +54,6 @@ import numpy as np
 from minidist import cli
 from minidist.comm import cost
 from minidist.comm.launch import find_mpiexec, run
-from minidist.comm.waiting import spin_for, wait_policy
 from minidist.core.data import make_task
 from minidist.core.model import GPTConfig
 from minidist.plan.search import candidate_layouts, plan
@@ -139,24 +138,10 @@ def measure_yardsticks(config: GPTConfig, args) -> dict:
     return {"serial": serial, "accumulated": k, "peak": device.flops("fp32"), "streamed": device.memory_bandwidth,
             "gemms": time_gemms(layer_shapes(config, args.batch_size, n)), "cores": cores,
             "all_reduce": [min(times) for times in zip(*all_reduces)],
-            **pipeline_messages(n, cores, activation, args.timeout),
+            "message": float(np.median(run(time_pipeline_message, n, activation, timeout=args.timeout)[0])),
             "effective_cores": effective_cores(config, args.batch_size, n, args.timeout) if cores < n else None,
             "engine": engine, "drain": drain,
             "strategies": run(time_strategy_overheads, 1, config, k, timeout=args.timeout)[0]}
-
-
-def pipeline_messages(n: int, cores: int, nbytes: int, timeout: float) -> dict:
-    """How late a pipeline's receiver notices a message (`time_pipeline_message`'s median): awake,
-    having waited less than the polite wait yields (`waiting.spin_for`: 1 ms with more ranks than
-    cores), and asleep, having waited 5 ms past that (its sleeps at their longest). With a core per
-    rank the wait yields for 50 ms, longer than a pipeline's receivers wait: awake only."""
-    spin = spin_for(n, cores)
-
-    def median_delay(waited: float) -> float:
-        return float(np.median(run(time_pipeline_message, n, nbytes, busy=waited, timeout=timeout)[0]))
-
-    awake = median_delay(spin * 0.3 if n > cores else 0.005)
-    return {"message": awake, "message_asleep": median_delay(spin + 0.005) if n > cores else awake}
 
 
 def least_disturbed(first: dict, second: dict) -> dict:
@@ -169,7 +154,7 @@ def least_disturbed(first: dict, second: dict) -> dict:
     merged["peak"], merged["streamed"] = max(first["peak"], second["peak"]), max(first["streamed"], second["streamed"])
     merged["gemms"] = [(f, min(a, b)) for (f, a), (_, b) in zip(first["gemms"], second["gemms"])]
     merged["all_reduce"] = [min(a, b) for a, b in zip(first["all_reduce"], second["all_reduce"])]
-    for name in ("message", "message_asleep", "engine", "drain"):
+    for name in ("message", "engine", "drain"):
         merged[name] = min(first[name], second[name])
     if first["effective_cores"] is not None:
         merged["effective_cores"] = max(first["effective_cores"], second["effective_cores"])
@@ -218,8 +203,6 @@ def fit_cluster(config: GPTConfig, args, measured: dict) -> tuple[Cluster, dict]
     shared = min(cores, measured["effective_cores"]) if measured["effective_cores"] is not None else None
     cluster = Cluster(n, n, float("inf"), link, alpha, link, alpha, peak, overhead, memory_bandwidth=bandwidth,
                       step_overhead=per_step, gemm=curve, p2p_latency=measured["message"],
-                      p2p_sleep_latency=max(0.0, measured["message_asleep"] - measured["message"]),
-                      wait_spin=spin_for(n, cores), wait_max_sleep=wait_policy()["max_sleep"],
                       engine_overhead=measured["engine"], cores=shared, strategy_overhead=tuple(strategies.items()))
     # the engine yardstick's pipeline from its drain to the step's end, less what the model counts there
     engine_run = predict(demo_workload(config, args.batch_size),
@@ -235,8 +218,7 @@ def fit_cluster(config: GPTConfig, args, measured: dict) -> tuple[Cluster, dict]
              "memory_bandwidth": bandwidth, "memory_bandwidth_measured": measured["streamed"],
              "layer_overhead": overhead, "step_overhead": per_step, "cores": cores, "ranks": n,
              "effective_cores": shared, "alpha": alpha, "beta": beta,
-             "pipeline_message_seconds": measured["message"], "pipeline_message_asleep_seconds": measured["message_asleep"],
-             "wait_spin_seconds": cluster.wait_spin, "pipeline_engine_seconds": measured["engine"],
+             "pipeline_message_seconds": measured["message"], "pipeline_engine_seconds": measured["engine"],
              "pipeline_drain_seconds": measured["drain"], "pipeline_sync_seconds": cluster.pipeline_sync,
              "all_reduce_seconds": {str(size): t for size, t in zip(ALL_REDUCE_SIZES, seconds)},
              "strategy_overhead": strategies, "strategy_overhead_per_microbatch": measured["strategies"]}
@@ -305,9 +287,6 @@ def print_records(records: list[dict], skipped: list[dict]) -> None:
 def print_yardsticks(facts: dict, ranks: int, when: str = "") -> None:
     """The calibration in one paragraph: what this machine is to the planner."""
     when = f" ({when})" if when else ""
-    late = facts.get("pipeline_message_asleep_seconds")  # runs recorded before it was measured lack it
-    asleep = (f" ({late * 1e3:.2f} ms by a receiver that waited past {facts['wait_spin_seconds'] * 1e3:g} ms and slept)"
-              if late is not None and late != facts["pipeline_message_seconds"] else "")
     shared = (f"{ranks} ranks share {facts['cores']} cores, as {facts['effective_cores']:.2f}"
               if facts["effective_cores"] else "a core per rank")
     print(f"yardsticks{when}: per core ({shared}) GEMMs at "
@@ -319,7 +298,7 @@ def print_yardsticks(facts: dict, ranks: int, when: str = "") -> None:
           f"serial step {facts['serial_step_seconds'] * 1e3:.1f} ms measured, "
           f"{facts['serial_step_predicted'] * 1e3:.1f} ms predicted; all-reduce alpha {facts['alpha'] * 1e6:.1f} us, "
           f"beta {facts['beta'] * 1e9:.3f} ns/byte; a pipeline message noticed {facts['pipeline_message_seconds'] * 1e3:.2f} "
-          f"ms after its send{asleep}, the pipeline engine's {facts['pipeline_engine_seconds'] * 1e3:.2f} ms after each "
+          f"ms after its send, the pipeline engine's {facts['pipeline_engine_seconds'] * 1e3:.2f} ms after each "
           f"forward or backward; from a pipeline's drain to its step's end {facts['pipeline_drain_seconds'] * 1e3:.1f} "
           f"ms, {facts['pipeline_sync_seconds'] * 1e3:.1f} ms of it waiting for idle ranks; a strategy's own "
           "bookkeeping (on one rank): "

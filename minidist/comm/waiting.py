@@ -50,11 +50,6 @@ def _default_spin() -> float:
     how many ranks share its machine (MPI_LOCALNRANKS)."""
     local_ranks = int(os.environ.get("MPI_LOCALNRANKS", "0"))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return spin_for(local_ranks, cores)
-
-
-def spin_for(local_ranks: int, cores: int) -> float:
-    """The default `spin` of `local_ranks` ranks on a machine of `cores` cores (0 ranks: unknown)."""
     has_own_core = 0 < local_ranks <= cores
     return 0.05 if has_own_core else 0.001
 

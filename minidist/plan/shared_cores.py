@@ -16,13 +16,6 @@ the cores allow at that moment, their waiting at full speed. A pipeline of four 
 micro-batch, where one stage computes at a time, keeps its core-per-rank time; data parallelism,
 every rank computing at once, takes N/C times as long; a pipeline with a few micro-batches, where
 two or three stages overlap, lands between, which neither bound alone could say.
-
-A receiver that waits long notices its message late. The polite wait yields the core for its
-first `spin` seconds (1 ms with more ranks than cores) and then sleeps, each sleep twice the last
-up to `max_sleep` (1 ms): a wait that has lasted w past the spin is in a sleep about w long, and
-the message lands on average halfway through it. `late_notice` is that delay beyond an awake
-receiver's; a pipeline in its steady state, where each message arrives soon, does not pay it, one
-whose stages idle a whole pass does, on every message.
 """
 from __future__ import annotations
 
@@ -36,23 +29,13 @@ from minidist.plan.step_time import extended, pipeline_estimate
 _DONE = 1e-15  # seconds of work below which an operation is finished (floating-point dust)
 
 
-def late_notice(waited: float, asleep: float, spin: float, max_sleep: float) -> float:
-    """Seconds beyond an awake receiver's delay that a receiver notices its message late, having
-    waited `waited` s: none while it still yields (the first `spin` s), then growing with the
-    sleep it is in, to `asleep` (measured once its sleeps are `max_sleep` long)."""
-    if waited <= spin:
-        return 0.0
-    return asleep * min(1.0, (waited - spin) / max_sleep)
-
-
-def simulate_shared(plans: list, work, wait, ranks_per_stage: int, cores: float, late=None) -> list[list[tuple]]:
+def simulate_shared(plans: list, work, wait, ranks_per_stage: int, cores: float) -> list[list[tuple]]:
     """Run each stage's instruction list (`schedules.all_ranks`) with `ranks_per_stage` ranks
     computing it in lockstep (the tp x dp ranks of one stage) on `cores` cores shared by all.
     `work(stage, instruction)` and `wait(stage, instruction)` give a forward's or backward's two
     parts in seconds at a core each; a send is posted when its pass ends (waiting included), and a
-    receive goes on once its send is posted, or, where the receiver had to wait for it,
-    `late(waited)` seconds after (None: at once). Returns per-stage events (name, kind, start,
-    end) as `schedules.simulate` does, each pass's span including the time its work was slowed."""
+    receive goes on once its send is posted. Returns per-stage events (name, kind, start, end) as
+    `schedules.simulate` does, each pass's span including the time its work was slowed."""
     p = len(plans)
     pc = [0] * p
     now = 0.0
@@ -60,8 +43,6 @@ def simulate_shared(plans: list, work, wait, ranks_per_stage: int, cores: float,
     computing: dict[int, float] = {}  # stage -> seconds of work left (at a core's speed)
     waking: list = []                 # heap of (when its wait ends, stage)
     running: dict[int, tuple] = {}    # stage -> (name, kind, start, wait) of its pass
-    blocked: dict[int, float] = {}    # stage -> since when it waits at a receive
-    noticing: dict[int, float] = {}   # stage -> when it notices the message it waited for
     events: list[list[tuple]] = [[] for _ in range(p)]
 
     def advance(r: int) -> bool:
@@ -81,15 +62,8 @@ def simulate_shared(plans: list, work, wait, ranks_per_stage: int, cores: float,
             elif ins.kind != S.STEP:  # a receive: on once its send is posted
                 key = S.peer_of(ins, r, p)
                 if key not in posted:
-                    blocked.setdefault(r, now)
                     return moved
                 posted.discard(key)
-                since = blocked.pop(r, None)
-                delay = late(now - since) if late is not None and since is not None else 0.0
-                if delay > _DONE:  # it slept: on once it wakes and sees the message
-                    pc[r] += 1
-                    noticing[r] = now + delay
-                    return True
             pc[r] += 1
             moved = True
         return moved
@@ -106,18 +80,15 @@ def simulate_shared(plans: list, work, wait, ranks_per_stage: int, cores: float,
                 r = heapq.heappop(waking)[1]
                 name, kind, start, _ = running.pop(r)
                 events[r].append((name, kind, start, now))
-            for r in [r for r, when in noticing.items() if when <= now + _DONE]:
-                del noticing[r]
             moved = False
             for r in range(p):
-                if r not in running and r not in noticing and advance(r):
+                if r not in running and advance(r):
                     moved = True
 
     settle()
-    while running or noticing:
+    while running:
         speed = min(1.0, cores / (len(computing) * ranks_per_stage)) if computing else 1.0
-        ends = [left / speed for left in computing.values()] + ([waking[0][0] - now] if waking else []) + \
-            [when - now for when in noticing.values()]
+        ends = [left / speed for left in computing.values()] + ([waking[0][0] - now] if waking else [])
         step = min(ends)
         now += step
         for r in computing:
@@ -132,7 +103,7 @@ def simulate_shared(plans: list, work, wait, ranks_per_stage: int, cores: float,
 def without_latency(cluster):
     """The cluster with every link's latency (alpha, and a pipeline message's wake-up) at zero: its
     stage costs are a rank's work alone; the full costs less these are its waiting."""
-    return dataclasses.replace(cluster, intra_latency=0.0, inter_latency=0.0, p2p_latency=0.0, p2p_sleep_latency=0.0)
+    return dataclasses.replace(cluster, intra_latency=0.0, inter_latency=0.0, p2p_latency=0.0)
 
 
 def shared_cores_seconds(layout, cluster, costs: tuple, busy: tuple, beside: float, beside_busy: float,
@@ -152,9 +123,7 @@ def shared_cores_seconds(layout, cluster, costs: tuple, busy: tuple, beside: flo
     if p == 1:
         passes = all_at_once(per_stage(costs[0]), per_stage(busy[0]), cluster)
     elif simulate:
-        notice = (cluster.p2p_sleep_latency, cluster.wait_spin, cluster.wait_max_sleep)
-        passes = _shared_pipeline(costs, busy, layout.schedule or "1f1b", p, m, v, cluster.gpus // p, cluster.cores,
-                                  notice)
+        passes = _shared_pipeline(costs, busy, layout.schedule or "1f1b", p, m, v, cluster.gpus // p, cluster.cores)
     else:
         work_over_cores = sum(per_stage(work) for work in busy) * (cluster.gpus // p) / cluster.cores
         passes = max(pipeline_estimate(costs, p, m, v), work_over_cores)
@@ -169,7 +138,7 @@ def all_at_once(seconds: float, work: float, cluster) -> float:
 
 @functools.lru_cache(maxsize=4096)
 def _shared_pipeline(costs: tuple, busy: tuple, schedule: str, p: int, m: int, v: int, ranks_per_stage: int,
-                     cores: float, notice: tuple = (0.0, 0.0, 1.0)) -> float:
+                     cores: float) -> float:
     def seconds(chunk, ins):
         return chunk.forward if ins.kind == S.FORWARD else chunk.backward
 
@@ -180,8 +149,7 @@ def _shared_pipeline(costs: tuple, busy: tuple, schedule: str, p: int, m: int, v
         return seconds(costs[r][ins.chunk], ins) - work(r, ins)
 
     def makespan(micro: int) -> float:
-        late = functools.partial(late_notice, asleep=notice[0], spin=notice[1], max_sleep=notice[2]) if notice[0] else None
-        events = simulate_shared(S.all_ranks(schedule, p, micro, v), work, wait, ranks_per_stage, cores, late)
+        events = simulate_shared(S.all_ranks(schedule, p, micro, v), work, wait, ranks_per_stage, cores)
         return max(e[3] for stage in events for e in stage)
 
     return extended(makespan, schedule, p, m)

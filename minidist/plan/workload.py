@@ -55,11 +55,7 @@ class Cluster:
     overlap_cost: float = 0.3       # of each second a collective hides behind compute, what the compute
                                     # loses (its kernels take SMs and memory bandwidth); fitted, chapter 9
     p2p_latency: float | None = None  # s from a pipeline send to its receiver noticing it (None: the link's
-                                      # latency), the receiver awake (minidist's polite wait still yielding)
-    p2p_sleep_latency: float = 0.0  # s later still when the receiver has slept in the polite wait's back-off
-                                    # (more ranks than cores: `shared_cores.late_notice`); 0 on a GPU
-    wait_spin: float = 1e-3       # s a waiting rank yields before it sleeps (minidist.comm.waiting)
-    wait_max_sleep: float = 1e-3  # its longest sleep
+                                      # latency); minidist's polite wait notices up to one back-off late
     engine_overhead: float = 0.0      # s a pipeline engine spends after each forward or backward (posting
                                       # sends, polling, bookkeeping): idle, as a run measures it
     cores: float | None = None  # CPU cores the ranks share (None: a device each); with fewer cores than
