@@ -1,6 +1,6 @@
 """Benchmark: the layout planner's predictions against minidist's own runs (chapter 9).
 
-    python -m minidist.bench plan [--ranks 4] [--steps 8] [--repeats 2] [--batch-size 16]
+    python -m minidist.bench plan [--ranks 4] [--steps 8] [--repeats 3] [--batch-size 16]
                                   [--n-layer 4 --n-embd 128 --n-head 4 --block-size 64] [--timeout 60] [--json PATH]
 
 Not under mpirun: the benchmark starts the jobs itself. For every valid layout of the demo GPT
@@ -326,7 +326,7 @@ def main(argv=None) -> int:
     parser.add_argument("--ranks", type=cli.integer(2), default=4)
     parser.add_argument("--steps", type=cli.integer(2), default=8,
                         help="steps per layout; the fastest after the first is kept")
-    parser.add_argument("--repeats", type=positive, default=2,
+    parser.add_argument("--repeats", type=positive, default=3,
                         help="passes over the layouts; each layout's least disturbed pass is kept")
     parser.add_argument("--batch-size", type=positive, default=16)
     parser.add_argument("--n-layer", type=positive, default=4)
