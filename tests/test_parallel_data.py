@@ -213,6 +213,9 @@ def test_bench_dp_json_has_speedups_and_the_share_of_the_ceiling(tmp_path):
     splits = records["balanced"]["splits"]  # rows per rank of each timed step, e.g. {"8/8": 1, "9/7": 1}
     assert sum(splits.values()) == 2 and all(sum(map(int, k.split("/"))) == 16 for k in splits), splits
     assert records["bucketed"]["splits"] == {}
+    # the bucketed wrappers' hooks do the all-reduce work inside backward; the naive one has none
+    assert all(0 < records[m]["hook_seconds"] < records[m]["seconds"] for m in ("bucketed", "balanced"))
+    assert all(records[m]["hook_seconds"] == 0.0 for m in ("serial", "naive", "ceiling"))
 
 
 def test_bench_dp_rejects_a_slow_rank_that_does_not_exist(capsys):

@@ -3,7 +3,9 @@
 Chapter 3. Trains the demo GPT (vocab 256, block 64, n_embd 128, 4 layers, 4 heads, float32,
 global batch 16) on the sort task and prints, for every layout, tokens/s and the ratio to the
 serial run measured in the same job, plus the bytes each rank sent per step (from the traffic
-counters) beside the ring formula 2(N-1)/N x gradient bytes.
+counters) beside the ring formula 2(N-1)/N x gradient bytes, and where the communication's time
+went: the all-reduce work done inside backward, in the gradient hooks (`hooks ms`), and what was
+left exposed after it (`exposed ms`).
 
     python -m minidist.bench dp                    # dp 1, 2, 4; naive, bucketed, balanced, ceiling
     python -m minidist.bench dp --repeats 5 --json dp.json
@@ -101,7 +103,8 @@ def rank_program(modes: list[str], steps: int, warmup: int, batch: int, bucket_k
             for trainer in trainers.values():
                 if trainer is not None:
                     make_straggler(trainer, slow[1])
-        out = {m: {"times": [], "bytes_sent": 0, "messages": 0, "comm_s": 0.0, "splits": {}} for m in modes}
+        out = {m: {"times": [], "bytes_sent": 0, "messages": 0, "comm_s": 0.0, "hook_s": 0.0, "splits": {}}
+               for m in modes}
         idle_policy = dict(spin=0.001)  # sleep soon: the serial run's core is not disturbed
         idle = False
         for s in range(warmup + steps):
@@ -115,6 +118,9 @@ def rank_program(modes: list[str], steps: int, warmup: int, batch: int, bucket_k
                 before = traffic.snapshot()["total"]
                 split = "/".join(map(str, trainer.rows)) if getattr(trainer, "balancer", None) else None
                 start = time.perf_counter()
+                hooked = getattr(getattr(trainer, "ddp", None), "hook_seconds", None) is not None
+                if hooked:  # the bucketed wrapper's gradient hooks: the all-reduce work done inside backward
+                    trainer.ddp.hook_seconds = 0.0
                 if trainer is not None:
                     if hasattr(trainer, "timeline"):
                         trainer.timeline.clear()
@@ -130,6 +136,8 @@ def rank_program(modes: list[str], steps: int, warmup: int, batch: int, bucket_k
                 rec["times"].append(seconds)
                 rec["bytes_sent"] += (after["bytes_sent"] - before["bytes_sent"]) / steps
                 rec["messages"] += (after["messages"] - before["messages"]) / steps
+                if hooked:
+                    rec["hook_s"] += trainer.ddp.hook_seconds / steps
                 if split:
                     rec["splits"][split] = rec["splits"].get(split, 0) + 1
                 if hasattr(trainer, "timeline"):  # communication after backward ended: not hidden
@@ -156,6 +164,7 @@ def measure(n: int, modes: list[str], args, wait=None, trace_path: str | None = 
                      "bytes_sent": max(r[mode]["bytes_sent"] for r in ranks),
                      "messages": max(r[mode]["messages"] for r in ranks),
                      "exposed_comm_s": max(r[mode]["comm_s"] for r in ranks),
+                     "hook_s": max(r[mode]["hook_s"] for r in ranks),
                      "grad_bytes": ranks[0][mode]["grad_bytes"], "splits": ranks[0][mode]["splits"]}
     return out
 
@@ -260,6 +269,9 @@ def record(n: int, mode: str, runs: list[dict], serial_runs: list[dict] | None, 
         "ring_formula_bytes": 2 * (n - 1) / n * grad_bytes if communicates else 0.0,
         "messages_per_rank_per_step": float(np.median([r["messages"] for r in runs])),
         "exposed_comm_seconds": float(np.median([r["exposed_comm_s"] for r in runs])),
+        # inside backward, in the gradient hooks: launching and progressing the buckets' all-reduces
+        # (their copies and sums run on the cores that compute: chapter 3, section 8)
+        "hook_seconds": float(np.median([r["hook_s"] for r in runs])),
         "gradient_bytes": grad_bytes, "bucket_kb": args.bucket_kb if mode in ("bucketed", "balanced") else None,
         "jobs": len(runs), "steps": args.steps,
         "slow": {"rank": args.slow[0], "ms_per_row": args.slow[1] * 1e3} if args.slow else None,
@@ -270,19 +282,22 @@ def record(n: int, mode: str, runs: list[dict], serial_runs: list[dict] | None, 
 
 def print_table(records) -> None:
     print(f"\n{'layout':16s} {'step ms':>8s} {'tokens/s':>9s} {'(range)':>13s} {'x serial':>8s} {'(range)':>11s} "
-          f"{'exposed ms':>10s} {'sent/rank/step':>14s} {'2(N-1)/N x grad':>15s} {'msgs':>5s}")
+          f"{'exposed ms':>10s} {'hooks ms':>8s} {'sent/rank/step':>14s} {'2(N-1)/N x grad':>15s} {'msgs':>5s}")
     for r in records:
         name = "serial" if r["mode"] == "serial" else f"dp={r['dp']} {r['mode']}"
         lo, hi = r["tokens_per_s_range"]
         slo, shi = r["speedup_range"]
         print(f"{name:16s} {r['seconds'] * 1e3:8.1f} {r['tokens_per_s']:9.0f} {lo:6.0f}-{hi:<6.0f} "
               f"{r['speedup_vs_serial']:8.2f} {slo:5.2f}-{shi:<5.2f} {r['exposed_comm_seconds'] * 1e3:10.1f} "
+              f"{r['hook_seconds'] * 1e3:8.1f} "
               f"{r['bytes_sent_per_rank_per_step'] / 1e6:11.3f} MB {r['ring_formula_bytes'] / 1e6:12.3f} MB "
               f"{r['messages_per_rank_per_step']:5.0f}"
               + (f"   {r['of_ceiling']:.0%} of ceiling" if "of_ceiling" in r else "")
               + (f"   splits {_top_splits(r['splits'])}" if r["splits"] else ""))
     print("x serial: median over jobs of (that job's serial step / this step); range: min-max over jobs.\n"
           "exposed: from the end of backward to the optimizer (communication not hidden behind backward).\n"
+          "hooks: inside backward, in the gradient hooks that start and advance the buckets' all-reduces\n"
+          "(their copies and sums run on the same cores as backward: hidden from the clock, not free).\n"
           "ceiling: N independent serial trainers on B/N rows each, no communication: the best dp=N can do here;\n"
           "% of ceiling: median over jobs of (that job's ceiling step / this step).\n"
           "balanced: rows per rank re-split every step by speed; splits: the rows per rank it used, and how often.\n"
