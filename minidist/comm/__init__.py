@@ -10,7 +10,8 @@ nothing of models. Read it in this order, one idea per file:
     traffic.py       counting messages and bytes per rank
     algorithms.py    collectives as schedules of messages: trees, recursive doubling, rings
     consistency.py   the mismatch check every collective makes first (skipped on verified groups)
-    collectives.py   the torch.distributed-style API, async Work, what algorithm="auto" picks
+    driver.py        one collective call: its context, its steps driven, the async Work
+    collectives.py   the torch.distributed-style API, what algorithm="auto" picks
     shared_memory.py the all-reduce inside one machine: a shared window, no messages
     hierarchical.py  the all-reduce across machines: inside each, then among one leader per machine
     cost.py          the alpha-beta cost model, its fit, and the message algorithm it predicts fastest

@@ -28,7 +28,7 @@ class _Msg:
 
 
 class _SimCtx:
-    """What an algorithm sees of its rank: rank, size, send, recv (like collectives._Ctx)."""
+    """What an algorithm sees of its rank: rank, size, send, recv (like driver._Ctx)."""
 
     def __init__(self, world, rank):
         self.world, self.rank, self.size = world, rank, world.size
