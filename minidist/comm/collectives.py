@@ -2,7 +2,7 @@
 
 One idea: a *collective* (集合通信) is a call that every rank of a group makes together and
 that moves data among all of them; here each one is a schedule of point-to-point messages
-(see algorithms.py) driven by the polite wait of waiting.py.
+(see algorithms.py) driven step by step (driver.py) with the polite wait of waiting.py.
 
     all_reduce(x, op="sum", group=None, algorithm="auto", async_op=False) -> x (in place)
     reduce(x, dst=0, op="sum", ...)            -> x (result on dst; others untouched)
