@@ -63,6 +63,8 @@ from minidist.bench._yardsticks import (effective_cores, fit_gemm_curve, fit_ser
                                        serial_yardsticks, strategy_overheads, time_all_reduce, time_gemms,
                                        time_pipeline_engine, time_pipeline_message, time_serial_steps,
                                        time_strategy_overheads)
+from minidist.bench import _machine_speed
+from minidist.bench._machine_speed import SpeedProbe
 from minidist.plan.hardware import measure_this_machine
 from minidist.runtime import cores_available
 from minidist.plan.predict import Cluster, Workload, predict, rank_ledger
@@ -111,7 +113,7 @@ def fastest_step(report: dict) -> float:
     return float(min(report["step_seconds"][1:] or report["step_seconds"]))
 
 
-def measure_yardsticks(config: GPTConfig, args) -> dict:
+def measure_yardsticks(config: GPTConfig, args, probe: SpeedProbe | None = None) -> dict:
     """Every yardstick's raw measurement (what `fit_cluster` turns into the planner's cluster).
 
     This CPU as a device (`hardware.measure_this_machine`: its best matmul FLOP/s and its memory
@@ -121,7 +123,9 @@ def measure_yardsticks(config: GPTConfig, args) -> dict:
     `--ranks` ranks (each size's fastest of `ALL_REDUCE_JOBS` jobs); a pipeline message's delay as
     its receiver notices it; the pipeline engine's own time after each forward and backward in a
     short pipeline run, and that run's time from its drain to its step's end; with more ranks than cores, how many cores they effectively get; and each
-    strategy's own bookkeeping on one rank. The yardsticks themselves are in `_yardsticks.py`."""
+    strategy's own bookkeeping on one rank. The yardsticks themselves are in `_yardsticks.py`. With a
+    `probe` (`_machine_speed.SpeedProbe`), its fastest of `PROBE_BASELINE` measurements: the machine's
+    speed while the yardsticks ran, against which each layout's run is set."""
     model_flags = ["--n-layer", str(config.n_layer), "--n-embd", str(config.n_embd), "--n-head", str(config.n_head),
                    "--block-size", str(config.block_size), "--steps", str(SERIAL_ROUNDS)]
     k = math.gcd(args.batch_size, ACCUMULATED)
@@ -141,7 +145,8 @@ def measure_yardsticks(config: GPTConfig, args) -> dict:
             "message": float(np.median(run(time_pipeline_message, n, activation, timeout=args.timeout)[0])),
             "effective_cores": effective_cores(config, args.batch_size, n, args.timeout) if cores < n else None,
             "engine": engine, "drain": drain,
-            "strategies": run(time_strategy_overheads, 1, config, k, timeout=args.timeout)[0]}
+            "strategies": run(time_strategy_overheads, 1, config, k, timeout=args.timeout)[0],
+            "probe": min(probe.seconds() for _ in range(PROBE_BASELINE)) if probe else None}
 
 
 def least_disturbed(first: dict, second: dict) -> dict:
@@ -156,6 +161,8 @@ def least_disturbed(first: dict, second: dict) -> dict:
     merged["all_reduce"] = [min(a, b) for a, b in zip(first["all_reduce"], second["all_reduce"])]
     for name in ("message", "engine", "drain"):
         merged[name] = min(first[name], second[name])
+    if first.get("probe") and second.get("probe"):
+        merged["probe"] = min(first["probe"], second["probe"])
     if first["effective_cores"] is not None:
         merged["effective_cores"] = max(first["effective_cores"], second["effective_cores"])
     merged["strategies"] = {name: (first["strategies"][name] + second["strategies"][name]) / 2
@@ -221,7 +228,8 @@ def fit_cluster(config: GPTConfig, args, measured: dict) -> tuple[Cluster, dict]
              "pipeline_message_seconds": measured["message"], "pipeline_engine_seconds": measured["engine"],
              "pipeline_drain_seconds": measured["drain"], "pipeline_sync_seconds": cluster.pipeline_sync,
              "all_reduce_seconds": {str(size): t for size, t in zip(ALL_REDUCE_SIZES, seconds)},
-             "strategy_overhead": strategies, "strategy_overhead_per_microbatch": measured["strategies"]}
+             "strategy_overhead": strategies, "strategy_overhead_per_microbatch": measured["strategies"],
+             "probe_seconds": measured.get("probe")}
     return cluster, facts
 
 
@@ -236,13 +244,16 @@ ALL_REDUCE_JOBS = 3  # jobs timing them, each size's fastest kept: with more ran
                      # all-reduces settle into a slow pace or a fast one (here 4 KB: ~300 or ~130 us), the
                      # training steps' into the fast one
 SERIAL_ROUNDS = 12  # rounds of the three serial steps in turn (`time_serial_steps`)
+PROBE_BASELINE = 5  # machine-speed probes while the yardsticks run; the fastest is the least disturbed machine
 ENGINE_MICROBATCHES = 8  # of the pipeline that times the engine and a step's end after the drain
 ACCUMULATED = 8  # micro-batches of the third serial yardstick (fewer where the batch does not divide):
                  # many, so that the passes they add stand well above a step's noise
 
 
-def compare(row: dict, report: dict, workload: Workload) -> dict:
-    """One layout's record: predicted vs measured step time and per-rank memory."""
+def compare(row: dict, report: dict, workload: Workload, slowdown: float | None = None) -> dict:
+    """One layout's record: predicted vs measured step time and per-rank memory; with the machine's
+    `slowdown` during the kept run (`_machine_speed.slowdown`), also the prediction for the machine as
+    it was then (the prediction times the slowdown)."""
     layout = Layout(**row["layout"])
     measured = fastest_step(report)
     ranks = []
@@ -260,7 +271,8 @@ def compare(row: dict, report: dict, workload: Workload) -> dict:
                if row["bytes_sent"][axis] and any(axis in g for g in groups)}
     pipeline = report.get("pipeline") or {}
     return {"layout": row["name"], "flags": demo_flags(row["layout"]), "predicted_step_seconds": row["step_seconds"],
-            "measured_step_seconds": measured,
+            "measured_step_seconds": measured, "slowdown": slowdown,
+            "predicted_at_the_time_seconds": row["step_seconds"] * slowdown if slowdown else None,
             "predicted": {k: row[k] for k in ("compute", "bubble", "tp", "pp", "dp", "gradients", "machinery",
                                               "sharing")},
             "bubble": {"predicted": row["bubble_fraction"], "measured": pipeline.get("bubble_measured"),
@@ -269,14 +281,15 @@ def compare(row: dict, report: dict, workload: Workload) -> dict:
 
 
 def print_records(records: list[dict], skipped: list[dict]) -> None:
-    print(f"{'layout':<34} {'predicted ms':>12} {'measured ms':>11} {'ratio':>6}  states  "
+    print(f"{'layout':<34} {'predicted ms':>12} {'measured ms':>11} {'ratio':>6} {'slowdown':>8} {'then':>5}  states  "
           f"activations measured/predicted per rank   bytes per step measured/predicted")
     for r in records:
         states = "equal" if all(m["states_equal"] for m in r["memory"]) else "DIFFER"
         ratios = " ".join(f"{m['activation_ratio']:.3f}" for m in r["memory"])
         sent = " ".join(f"{axis} {t['measured'] / t['predicted']:.3f}" for axis, t in r["traffic"].items())
         print(f"{r['layout']:<34} {r['predicted_step_seconds'] * 1e3:12.1f} {r['measured_step_seconds'] * 1e3:11.1f} "
-              f"{r['measured_step_seconds'] / r['predicted_step_seconds']:6.2f}  {states:<6}  {ratios:<40} {sent}")
+              f"{r['measured_step_seconds'] / r['predicted_step_seconds']:6.2f} {r['slowdown']:8.2f} "
+              f"{r['measured_step_seconds'] / r['predicted_at_the_time_seconds']:5.2f}  {states:<6}  {ratios:<40} {sent}")
         for m in r["memory"]:
             if not m["states_equal"]:
                 print(f"    rank {m['rank']}: predicted {m['predicted']}  measured {m['measured']}")
@@ -357,24 +370,38 @@ def main(argv=None) -> int:
         parser.error(f"--ranks {args.ranks}: no valid layout of the demo GPT on {args.ranks} ranks ({facts})")
     if not any(args.match in str(lay) for lay in valid):
         parser.error(f"--match {args.match!r}: none of the {len(valid)} valid layouts of {args.ranks} ranks matches")
-    try:
-        before = measure_yardsticks(config, args)
-        cluster, facts = fit_cluster(config, args, before)
-    except RuntimeError as error:
-        parser.error(str(error))
-    workload = demo_workload(config, args.batch_size)
-    print_yardsticks(facts, args.ranks)
     if args.calibrate:
+        try:
+            cluster, facts = calibrate(config, args)
+        except RuntimeError as error:
+            parser.error(str(error))
+        print_yardsticks(facts, args.ranks)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump([{"kind": "calibration", **facts}], f, indent=1)
         return 0
+    # one worker per core, each a rank's share of the batch: the machine's speed beside every run
+    with SpeedProbe(config, max(1, args.batch_size // args.ranks), min(args.ranks, cores_available())) as probe:
+        return run_layouts(config, args, valid, probe)
+
+
+def run_layouts(config: GPTConfig, args, valid: list, probe: SpeedProbe) -> int:
+    """The yardsticks, every chosen layout in `--repeats` shuffled passes (each run between two
+    probes of the machine's speed), the yardsticks again, and the comparison printed and written."""
+    try:
+        before = measure_yardsticks(config, args, probe)
+        cluster, facts = fit_cluster(config, args, before)
+    except RuntimeError as error:
+        print(f"bench plan: {error}", file=sys.stderr)
+        return 2
+    workload = demo_workload(config, args.batch_size)
+    print_yardsticks(facts, args.ranks)
     rows = plan(workload, cluster, top=len(valid))  # every schedule simulated: a search's estimates are not checked here
     print(f"{len(rows)} valid layouts")
     model_flags = ["--n-layer", str(args.n_layer), "--n-embd", str(args.n_embd), "--n-head", str(args.n_head),
                    "--block-size", str(args.block_size), "--batch-size", str(args.batch_size),
                    "--steps", str(args.steps)]
-    reports, skipped = {}, {}
+    reports, slowdowns, skipped = {}, {}, {}
     chosen = [r for r in rows if args.match in r["name"]]
     # in a shuffled order: a machine that slows or speeds up during the run then adds noise to the
     # measurements, not a trend along the predicted order (the rows come sorted by prediction); and
@@ -387,19 +414,22 @@ def main(argv=None) -> int:
         for row in shuffle.permutation(np.array(chosen, dtype=object)):
             if row["name"] in skipped:
                 continue
+            ahead = probe.seconds()
             report, why = run_demo(args.ranks, [*demo_flags(row["layout"]), *model_flags], args.timeout)
+            behind = probe.seconds()
             if report is None:
                 skipped[row["name"]] = {"layout": row["name"], "flags": demo_flags(row["layout"]), "why": why}
                 print(f"  {row['name']}: not run ({why})", file=sys.stderr, flush=True)
                 continue
             if row["name"] not in reports or fastest_step(report) < fastest_step(reports[row["name"]]):
-                reports[row["name"]] = report
-            print(f"  {row['name']}: {fastest_step(report) * 1e3:.1f} ms", file=sys.stderr, flush=True)
+                reports[row["name"]], slowdowns[row["name"]] = report, (ahead, behind)
+            print(f"  {row['name']}: {fastest_step(report) * 1e3:.1f} ms (probe {ahead * 1e3:.1f}, {behind * 1e3:.1f} ms)",
+                  file=sys.stderr, flush=True)
     skipped = list(skipped.values())
     # the yardsticks once more, after the layouts: each the least disturbed of its two measurements,
     # as each layout's time is its least disturbed step; the predictions are made from those
     try:
-        cluster, facts = fit_cluster(config, args, least_disturbed(before, measure_yardsticks(config, args)))
+        cluster, facts = fit_cluster(config, args, least_disturbed(before, measure_yardsticks(config, args, probe)))
     except RuntimeError as error:
         print(f"bench plan: the yardsticks after the layouts failed ({error}); predicting from the first",
               file=sys.stderr)
@@ -407,15 +437,20 @@ def main(argv=None) -> int:
         print_yardsticks(facts, args.ranks, "after the layouts, each the least disturbed of two measurements")
     predicted = {row["name"]: row for row in plan(workload, cluster, top=len(valid))}
     assert all(row["simulated"] for row in predicted.values())
-    records = [compare(predicted[name], report, workload) for name, report in reports.items()]
+    records = [compare(predicted[name], report, workload,
+                       _machine_speed.slowdown(*slowdowns[name], facts["probe_seconds"]))
+               for name, report in reports.items()]
     records.sort(key=lambda r: r["predicted_step_seconds"])
     print_records(records, skipped)
     rho = spearman([r["predicted_step_seconds"] for r in records], [r["measured_step_seconds"] for r in records]) \
         if len(records) >= 2 else float("nan")
     equal = sum(all(m["states_equal"] for m in r["memory"]) for r in records)
     hits = sum(within(r["measured_step_seconds"], r["predicted_step_seconds"]) for r in records)
+    hits_then = sum(within(r["measured_step_seconds"], r["predicted_at_the_time_seconds"]) for r in records)
+    slowest = max((r["slowdown"] for r in records), default=1.0)
     print(f"{len(records)} layouts run ({len(skipped)} refused by the demo); params/grads/optimizer equal to the byte "
-          f"on {equal} of {len(records)}; step time within 25 % of the prediction on {hits} of {len(records)}; "
+          f"on {equal} of {len(records)}; step time within 25 % of the prediction on {hits} of {len(records)}, "
+          f"of the prediction for the machine as it was at the run on {hits_then} (slowdowns up to {slowest:.2f}); "
           f"Spearman rank correlation of predicted and measured step times: {rho:.3f}")
     for r in records:
         if r["bubble"] and r["bubble"]["measured"] is not None:
@@ -427,5 +462,6 @@ def main(argv=None) -> int:
             json.dump([{"kind": "calibration", **facts},
                        *({"kind": "layout", **r} for r in records), *({"kind": "refused", **s} for s in skipped),
                        {"kind": "summary", "spearman": rho, "layouts_run": len(records),
-                        "within_25_percent": hits}], f, indent=1)
+                        "within_25_percent": hits, "within_25_percent_at_the_time": hits_then,
+                        "slowdown_max": slowest}], f, indent=1)
     return 0
