@@ -34,6 +34,9 @@ less what the model counts there, gives `Cluster.pipeline_sync`). The machine ma
 every time is the least disturbed of several: a run's time is its fastest step after the first,
 each layout runs in `--repeats` passes and keeps its fastest, and the yardsticks are measured
 before and after the layouts, each keeping its least disturbed measurement (`least_disturbed`).
+A busy hour slows every layout at once, which no least disturbed yardstick shows: a probe of the
+machine's speed (`_machine_speed.SpeedProbe`) runs before and after each layout's run, and each
+prediction is also given for the machine as it was then (the prediction times its slowdown).
 
     python -m minidist.bench plan --match "tp2"     # only the layouts whose name contains "tp2"
     python -m minidist.bench plan --median-of a.json b.json c.json   # recorded runs, each layout's median
