@@ -18,7 +18,7 @@ sends per step (the demo's `traffic_by_group`) against the planner's. A layout t
 is listed with the demo's one-line reason. Last, Spearman's rank correlation between the planner's ranking and
 the measured step times.
 
-The prediction is calibrated by yardsticks measured in the same run: NumPy matmuls of the model's
+The prediction is calibrated by yardsticks measured in the same run (`_plan_calibration.py`): NumPy matmuls of the model's
 shapes give the GEMM curve; three serial steps (one process; the global batch, one sequence, the
 batch in 8 micro-batches) give the fixed costs of a layer pass and of a step that no split
 shrinks (Python's) and the bandwidth minidist's element-wise work reaches; minidist's all-reduce
@@ -44,42 +44,31 @@ prediction is also given for the machine as it was then (the prediction times it
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import subprocess
 import sys
 import tempfile
-from dataclasses import replace
 
 import numpy as np
 
 from minidist import cli
-from minidist.comm import cost
-from minidist.comm.launch import find_mpiexec, run
-from minidist.core.data import make_task
-from minidist.core.model import GPTConfig
-from minidist.plan.search import candidate_layouts, plan
-from minidist.bench._plan_runs import load_run, median_of_runs, print_median, spearman, within
-from minidist.training.layout import Layout
-from minidist.bench._yardsticks import (effective_cores, fit_gemm_curve, fit_serial_costs, layer_shapes,
-                                       serial_yardsticks, strategy_overheads, time_all_reduce, time_gemms,
-                                       time_pipeline_engine, time_pipeline_message, time_serial_steps,
-                                       time_strategy_overheads)
 from minidist.bench import _machine_speed
 from minidist.bench._machine_speed import SpeedProbe
-from minidist.plan.hardware import measure_this_machine
-from minidist.runtime import cores_available
-from minidist.plan.predict import Cluster, Workload, predict, rank_ledger
+from minidist.bench._plan_calibration import (ALL_REDUCE_SIZES, ENGINE_MICROBATCHES, calibrate,  # noqa: F401
+                                             demo_workload, fit_cluster, least_disturbed, measure_yardsticks,
+                                             print_yardsticks)
+from minidist.bench._plan_runs import load_run, median_of_runs, print_median, spearman, within
+from minidist.comm.launch import find_mpiexec
+from minidist.core.data import make_task
+from minidist.core.model import GPTConfig
 from minidist.parallel.mesh import coordinates
+from minidist.plan.predict import Workload, rank_ledger
+from minidist.plan.search import candidate_layouts, plan
+from minidist.runtime import cores_available
+from minidist.training.layout import Layout
 
 PILES = ("params", "grads", "optimizer")
-
-
-def demo_workload(config: GPTConfig, batch: int) -> Workload:
-    """The demo's run as the planner sees it: float32, minidist's activations, no overlap (the
-    collectives run on the training thread), and the gradients' own memory passes counted."""
-    return Workload(config, batch, config.block_size, "fp32", "minidist", overlap=False, gradient_passes=True)
 
 
 def demo_flags(layout: dict) -> list[str]:
@@ -114,143 +103,6 @@ def run_demo(ranks: int, flags: list[str], timeout: float) -> tuple[dict | None,
 def fastest_step(report: dict) -> float:
     """The fastest step after the first: the least disturbed by whatever else runs on the machine."""
     return float(min(report["step_seconds"][1:] or report["step_seconds"]))
-
-
-def measure_yardsticks(config: GPTConfig, args, probe: SpeedProbe | None = None) -> dict:
-    """Every yardstick's raw measurement (what `fit_cluster` turns into the planner's cluster).
-
-    This CPU as a device (`hardware.measure_this_machine`: its best matmul FLOP/s and its memory
-    bandwidth); NumPy matmuls of the shapes the model runs (for the GEMM curve); three serial steps
-    (the global batch, one sequence, the batch in 8 micro-batches: the demo's trainers stepped in
-    turn, `time_serial_steps`); minidist's all-reduce timed on
-    `--ranks` ranks (each size's fastest of `ALL_REDUCE_JOBS` jobs); a pipeline message's delay as
-    its receiver notices it; the pipeline engine's own time after each forward and backward in a
-    short pipeline run, and that run's time from its drain to its step's end; with more ranks than cores, how many cores they effectively get; and each
-    strategy's own bookkeeping on one rank. The yardsticks themselves are in `_yardsticks.py`. With a
-    `probe` (`_machine_speed.SpeedProbe`), its fastest of `PROBE_BASELINE` measurements: the machine's
-    speed while the yardsticks ran, against which each layout's run is set."""
-    model_flags = ["--n-layer", str(config.n_layer), "--n-embd", str(config.n_embd), "--n-head", str(config.n_head),
-                   "--block-size", str(config.block_size), "--steps", str(SERIAL_ROUNDS)]
-    k = math.gcd(args.batch_size, ACCUMULATED)
-    flag_sets = {"batch": [*model_flags, "--batch-size", str(args.batch_size)],
-                 "one": [*model_flags, "--batch-size", "1"],
-                 "accumulated": [*model_flags, "--batch-size", str(args.batch_size), "--accumulation", str(k)]}
-    serial = serial_yardsticks(run(time_serial_steps, 1, flag_sets, SERIAL_ROUNDS, timeout=args.timeout)[0])
-    device = measure_this_machine()
-    n, cores = args.ranks, cores_available()
-    activation = args.batch_size * config.block_size * config.n_embd * 4  # the largest a pipeline sends
-    all_reduces = [run(time_all_reduce, n, ALL_REDUCE_SIZES, timeout=args.timeout)[0] for _ in range(ALL_REDUCE_JOBS)]
-    engine, drain = run(time_pipeline_engine, min(n, config.n_layer), config, args.batch_size,
-                        math.gcd(args.batch_size, ENGINE_MICROBATCHES), timeout=args.timeout)[0]
-    return {"serial": serial, "accumulated": k, "peak": device.flops("fp32"), "streamed": device.memory_bandwidth,
-            "gemms": time_gemms(layer_shapes(config, args.batch_size, n)), "cores": cores,
-            "all_reduce": [min(times) for times in zip(*all_reduces)],
-            "message": float(np.median(run(time_pipeline_message, n, activation, timeout=args.timeout)[0])),
-            "effective_cores": effective_cores(config, args.batch_size, n, args.timeout) if cores < n else None,
-            "engine": engine, "drain": drain,
-            "strategies": run(time_strategy_overheads, 1, config, k, timeout=args.timeout)[0],
-            "probe": min(probe.seconds() for _ in range(PROBE_BASELINE)) if probe else None}
-
-
-def least_disturbed(first: dict, second: dict) -> dict:
-    """Two measurements of the yardsticks (before and after the layouts ran) as one: each time the
-    smaller, each speed the larger, as each layout's step is its fastest; the three serial steps
-    together, from the measurement whose batch step was faster (their fits take differences, which
-    must come from one measurement); the strategies' own costs, differences of two times, their mean."""
-    merged = dict(first)
-    merged["serial"] = min(first["serial"], second["serial"], key=lambda serial: serial["batch"])
-    merged["peak"], merged["streamed"] = max(first["peak"], second["peak"]), max(first["streamed"], second["streamed"])
-    merged["gemms"] = [(f, min(a, b)) for (f, a), (_, b) in zip(first["gemms"], second["gemms"])]
-    merged["all_reduce"] = [min(a, b) for a, b in zip(first["all_reduce"], second["all_reduce"])]
-    for name in ("message", "engine", "drain"):
-        merged[name] = min(first[name], second[name])
-    if first.get("probe") and second.get("probe"):
-        merged["probe"] = min(first["probe"], second["probe"])
-    if first["effective_cores"] is not None:
-        merged["effective_cores"] = max(first["effective_cores"], second["effective_cores"])
-    merged["strategies"] = {name: (first["strategies"][name] + second["strategies"][name]) / 2
-                            for name in first["strategies"]}
-    return merged
-
-
-def fit_cluster(config: GPTConfig, args, measured: dict) -> tuple[Cluster, dict]:
-    """The cluster this machine is to the planner, from `measure_yardsticks`' measurements: the GEMM
-    curve fitted to the matmuls (`fit_gemm_curve`); the three serial steps fix the three costs a
-    matmul timing cannot see (`fit_serial_costs`): the fixed cost of a layer pass that no split
-    shrinks (Python's per-operation cost, `Cluster.layer_overhead`), the fixed cost of a step
-    (`Cluster.step_overhead`) and the bandwidth minidist's element-wise work reaches; the
-    all-reduce's times give alpha and beta (`comm.cost.fit_alpha_beta` on the ring's
-    2(n-1)(alpha + S/n beta)); with more ranks than cores, `Cluster.cores` (the cores they share,
-    `plan.shared_cores`); the message's delay, the engine's time (`Cluster.engine_overhead`) and
-    the strategies' own costs (`Cluster.strategy_overhead`, net of the gradient passes the planner
-    counts) as measured; the wait at a pipeline's end (`Cluster.pipeline_sync`): the engine
-    yardstick's time from its drain to its step's end less what the model counts there. Returns it
-    with the facts bench plan prints and writes."""
-    k, peak, serial, n = measured["accumulated"], measured["peak"], measured["serial"], args.ranks
-    curve = fit_gemm_curve(measured["gemms"], peak)
-
-    def one_rank(overhead: float, per_step: float, bandwidth: float) -> Cluster:
-        return Cluster(1, 1, float("inf"), 1e30, 0.0, 1e30, 0.0, peak, overhead, memory_bandwidth=bandwidth,
-                       gemm=curve, step_overhead=per_step)
-
-    def serial_prediction(batch: int, microbatches: int, overhead: float, per_step: float, bandwidth: float) -> float:
-        return predict(demo_workload(config, batch), Layout(microbatches=microbatches),
-                       one_rank(overhead, per_step, bandwidth))["step_seconds"]
-
-    overhead, per_step, bandwidth = fit_serial_costs(serial_prediction, config.n_layer, args.batch_size, k, serial,
-                                                     measured["streamed"])
-
-    def gradient_passes(zero: int) -> float:  # per micro-batch, on one rank, beyond plain accumulation's
-        return predict(demo_workload(config, k), Layout(zero=zero, microbatches=k),
-                       one_rank(overhead, per_step, bandwidth))["gradients"] / k
-
-    counted = {f"zero{z}": gradient_passes(z) - gradient_passes(0) for z in (2, 3)}
-    strategies = strategy_overheads(measured["strategies"], config.n_layer, counted)
-    seconds = measured["all_reduce"]
-    alpha, beta = cost.fit_alpha_beta([s / n for s in ALL_REDUCE_SIZES], [t / (2 * (n - 1)) for t in seconds])
-    link = 1 / max(beta, 1e-15)
-    cores = measured["cores"]
-    shared = min(cores, measured["effective_cores"]) if measured["effective_cores"] is not None else None
-    cluster = Cluster(n, n, float("inf"), link, alpha, link, alpha, peak, overhead, memory_bandwidth=bandwidth,
-                      step_overhead=per_step, gemm=curve, p2p_latency=measured["message"],
-                      engine_overhead=measured["engine"], cores=shared, strategy_overhead=tuple(strategies.items()))
-    # the engine yardstick's pipeline from its drain to the step's end, less what the model counts there
-    engine_run = predict(demo_workload(config, args.batch_size),
-                         Layout(pp=min(n, config.n_layer), microbatches=math.gcd(args.batch_size, ENGINE_MICROBATCHES)),
-                         cluster)
-    cluster = replace(cluster, pipeline_sync=max(0.0, measured["drain"] - engine_run["outside_passes"]))
-    facts = {"serial_step_seconds": serial["batch"], "serial_one_sequence_seconds": serial["one"],
-             "serial_accumulated_seconds": serial["accumulated"], "serial_accumulated_microbatches": k,
-             "serial_step_predicted": serial_prediction(args.batch_size, 1, overhead, per_step, bandwidth),
-             "device_flops": peak * curve.peak_fraction, "peak_flops": peak,
-             "gemm_peak_fraction": curve.peak_fraction, "gemm_half_flops": curve.half_flops,
-             "gemm_points": [{"flops": f, "seconds": s} for f, s in measured["gemms"]],
-             "memory_bandwidth": bandwidth, "memory_bandwidth_measured": measured["streamed"],
-             "layer_overhead": overhead, "step_overhead": per_step, "cores": cores, "ranks": n,
-             "effective_cores": shared, "alpha": alpha, "beta": beta,
-             "pipeline_message_seconds": measured["message"], "pipeline_engine_seconds": measured["engine"],
-             "pipeline_drain_seconds": measured["drain"], "pipeline_sync_seconds": cluster.pipeline_sync,
-             "all_reduce_seconds": {str(size): t for size, t in zip(ALL_REDUCE_SIZES, seconds)},
-             "strategy_overhead": strategies, "strategy_overhead_per_microbatch": measured["strategies"],
-             "probe_seconds": measured.get("probe")}
-    return cluster, facts
-
-
-def calibrate(config: GPTConfig, args) -> tuple[Cluster, dict]:
-    """The cluster this machine is to the planner, from yardsticks measured now (`measure_yardsticks`,
-    `fit_cluster`)."""
-    return fit_cluster(config, args, measure_yardsticks(config, args))
-
-
-ALL_REDUCE_SIZES = [1 << 12, 1 << 15, 1 << 18, 1 << 20, 1 << 22]  # bytes
-ALL_REDUCE_JOBS = 3  # jobs timing them, each size's fastest kept: with more ranks than cores, a job's back-to-back
-                     # all-reduces settle into a slow pace or a fast one (here 4 KB: ~300 or ~130 us), the
-                     # training steps' into the fast one
-SERIAL_ROUNDS = 12  # rounds of the three serial steps in turn (`time_serial_steps`)
-PROBE_BASELINE = 5  # machine-speed probes while the yardsticks run; the fastest is the least disturbed machine
-ENGINE_MICROBATCHES = 8  # of the pipeline that times the engine and a step's end after the drain
-ACCUMULATED = 8  # micro-batches of the third serial yardstick (fewer where the batch does not divide):
-                 # many, so that the passes they add stand well above a step's noise
 
 
 def compare(row: dict, report: dict, workload: Workload, slowdown: float | None = None) -> dict:
@@ -298,28 +150,6 @@ def print_records(records: list[dict], skipped: list[dict]) -> None:
                 print(f"    rank {m['rank']}: predicted {m['predicted']}  measured {m['measured']}")
     for s in skipped:
         print(f"{s['layout']:<34} not run: {s['why']}")
-
-
-def print_yardsticks(facts: dict, ranks: int, when: str = "") -> None:
-    """The calibration in one paragraph: what this machine is to the planner."""
-    when = f" ({when})" if when else ""
-    shared = (f"{ranks} ranks share {facts['cores']} cores, as {facts['effective_cores']:.2f}"
-              if facts["effective_cores"] else "a core per rank")
-    print(f"yardsticks{when}: per core ({shared}) GEMMs at "
-          f"{facts['gemm_peak_fraction']:.2f} x {facts['peak_flops'] / 1e9:.1f} GFLOP/s, half of that at "
-          f"{facts['gemm_half_flops'] / 1e6:.2f} MFLOP (fitted to {len(facts['gemm_points'])} NumPy matmuls of the "
-          f"model's shapes), element-wise work at {facts['memory_bandwidth'] / 1e9:.1f} GB/s (streamed: "
-          f"{facts['memory_bandwidth_measured'] / 1e9:.1f}), {facts['layer_overhead'] * 1e3:.2f} ms "
-          f"per layer pass and {facts['step_overhead'] * 1e3:.1f} ms per step; "
-          f"serial step {facts['serial_step_seconds'] * 1e3:.1f} ms measured, "
-          f"{facts['serial_step_predicted'] * 1e3:.1f} ms predicted; all-reduce alpha {facts['alpha'] * 1e6:.1f} us, "
-          f"beta {facts['beta'] * 1e9:.3f} ns/byte; a pipeline message noticed {facts['pipeline_message_seconds'] * 1e3:.2f} "
-          f"ms after its send, the pipeline engine's {facts['pipeline_engine_seconds'] * 1e3:.2f} ms after each "
-          f"forward or backward; from a pipeline's drain to its step's end {facts['pipeline_drain_seconds'] * 1e3:.1f} "
-          f"ms, {facts['pipeline_sync_seconds'] * 1e3:.1f} ms of it waiting for idle ranks; a strategy's own "
-          "bookkeeping (on one rank): "
-          + ", ".join(f"{name} {seconds * 1e3:.2f} ms" for name, seconds in facts["strategy_overhead"].items())
-          + " (tp per layer pass, ZeRO per unit and micro-batch, the mesh engine per micro-batch)")
 
 
 def median_report(parser, paths: list[str], json_path: str | None) -> int:
