@@ -1,12 +1,12 @@
 """The machine-speed probe beside bench plan's runs (minidist/bench/_machine_speed.py): its workers
-step a real serial model and end with it; the slowdown is the probes' mean over the least disturbed."""
+step a real serial model and end with it; the slowdown is the probes' mean over their median while the yardsticks were measured."""
 import pytest
 
 from minidist.bench._machine_speed import SpeedProbe, slowdown
 from minidist.core.model import GPTConfig
 
 
-def test_slowdown_is_the_mean_of_the_two_probes_over_the_least_disturbed():
+def test_slowdown_is_the_mean_of_the_two_probes_over_the_calibrated():
     assert slowdown(0.040, 0.040, 0.040) == 1.0
     assert slowdown(0.050, 0.070, 0.040) == pytest.approx(1.5)  # (0.05 + 0.07) / 2 / 0.04
     with pytest.raises(ValueError, match="must be positive"):

@@ -356,8 +356,8 @@ def test_two_measurements_of_the_yardsticks_keep_the_least_disturbed():
     assert (merged["message"], merged["engine"], merged["drain"]) == (1e-4, 6e-5, 7e-3)
     assert merged["strategies"] == pytest.approx({"tp": 2e-4, "zero3": 1.5e-3})
     assert least_disturbed({**first, "effective_cores": None}, {**second, "effective_cores": None})["effective_cores"] is None
-    # the machine-speed probe's least disturbed time: the faster of the two measurements
-    assert least_disturbed({**first, "probe": 0.041}, {**second, "probe": 0.039})["probe"] == 0.039
+    # the machine-speed probes taken between the yardsticks: both measurements' together
+    assert least_disturbed({**first, "probes": [0.041, 0.05]}, {**second, "probes": [0.039]})["probes"] == [0.041, 0.05, 0.039]
 
 
 def test_the_fitted_wait_at_a_pipelines_end():

@@ -1,19 +1,20 @@
 """How fast this shared machine is at one moment, measured beside each of `bench plan`'s runs (chapter 9).
 
-The planner is calibrated once, from yardsticks measured at the machine's least disturbed moment;
-a layout that runs a minute later, while a neighbour takes part of the cores, runs slower than any
-model of minidist can say. `SpeedProbe` measures that moment: one worker process per core, each
-holding a small serial training step of the demo GPT (`bench.step.minidist_step`), all stepping at
-once, the way a job's ranks fill every core. `bench plan` probes before and after each layout's run;
-the mean of the two over the probe's least disturbed time is the machine's slowdown during that run,
-and the prediction for the machine as it was then is the prediction times that slowdown.
+The planner is calibrated once, from yardsticks measured before and after the layouts; a layout
+that runs while a neighbour takes part of the machine runs slower than any model of minidist can
+say. `SpeedProbe` measures the machine at one moment: one worker process per core, each holding a
+small serial training step of the demo GPT (`bench.step.minidist_step`), all stepping at once, the
+way a job's ranks fill every core. `bench plan` probes before each yardstick and before and after
+each layout's run; the mean of the two around a run over the probes' median while the yardsticks
+were measured is the machine's slowdown during that run (`slowdown`), and the prediction for the
+machine as it was then is the prediction times that slowdown.
 """
 from __future__ import annotations
 
 import multiprocessing
 import time
 
-PROBE_STEPS = 3  # steps per worker and probe; its fastest is kept
+PROBE_STEPS = 5  # steps per worker and probe; its fastest is kept (fewer: the probe's own noise shows)
 
 
 def _worker(config, batch: int, pipe) -> None:
@@ -74,9 +75,9 @@ class SpeedProbe:
         self.close()
 
 
-def slowdown(before: float, after: float, least_disturbed: float) -> float:
-    """The machine's slowdown during a run probed `before` and `after` it: the mean of the two over the
-    probe's least disturbed time (1 = as fast as when the planner was calibrated)."""
-    if least_disturbed <= 0:
-        raise ValueError(f"a probe's least disturbed time must be positive, got {least_disturbed}")
-    return (before + after) / 2 / least_disturbed
+def slowdown(before: float, after: float, calibrated: float) -> float:
+    """The machine's slowdown during a run probed `before` and `after` it: the mean of the two over
+    `calibrated`, the probe's median while the yardsticks were measured (1 = as fast as then)."""
+    if calibrated <= 0:
+        raise ValueError(f"the probe's time while the yardsticks were measured must be positive, got {calibrated}")
+    return (before + after) / 2 / calibrated

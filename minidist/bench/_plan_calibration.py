@@ -44,36 +44,50 @@ def measure_yardsticks(config: GPTConfig, args, probe: SpeedProbe | None = None)
     its receiver notices it; the pipeline engine's own time after each forward and backward in a
     short pipeline run, and that run's time from its drain to its step's end; with more ranks than cores, how many cores they effectively get; and each
     strategy's own bookkeeping on one rank. The yardsticks themselves are in `_yardsticks.py`. With a
-    `probe` (`_machine_speed.SpeedProbe`), its fastest of `PROBE_BASELINE` measurements: the machine's
-    speed while the yardsticks ran, against which each layout's run is set."""
+    `probe` (`_machine_speed.SpeedProbe`), the machine's speed probed before each yardstick and after
+    the last ("probes"): what the layouts' runs are set against."""
+    probes = []
+
+    def probed(measurement):  # the machine's speed just before each yardstick
+        if probe is not None:
+            probes.append(probe.seconds())
+        return measurement()
+
     model_flags = ["--n-layer", str(config.n_layer), "--n-embd", str(config.n_embd), "--n-head", str(config.n_head),
                    "--block-size", str(config.block_size), "--steps", str(SERIAL_ROUNDS)]
     k = math.gcd(args.batch_size, ACCUMULATED)
     flag_sets = {"batch": [*model_flags, "--batch-size", str(args.batch_size)],
                  "one": [*model_flags, "--batch-size", "1"],
                  "accumulated": [*model_flags, "--batch-size", str(args.batch_size), "--accumulation", str(k)]}
-    serial = serial_yardsticks(run(time_serial_steps, 1, flag_sets, SERIAL_ROUNDS, timeout=args.timeout)[0])
-    device = measure_this_machine()
     n, cores = args.ranks, cores_available()
     activation = args.batch_size * config.block_size * config.n_embd * 4  # the largest a pipeline sends
-    all_reduces = [run(time_all_reduce, n, ALL_REDUCE_SIZES, timeout=args.timeout)[0] for _ in range(ALL_REDUCE_JOBS)]
-    engine, drain = run(time_pipeline_engine, min(n, config.n_layer), config, args.batch_size,
-                        math.gcd(args.batch_size, ENGINE_MICROBATCHES), timeout=args.timeout)[0]
-    return {"serial": serial, "accumulated": k, "peak": device.flops("fp32"), "streamed": device.memory_bandwidth,
-            "gemms": time_gemms(layer_shapes(config, args.batch_size, n)), "cores": cores,
-            "all_reduce": [min(times) for times in zip(*all_reduces)],
-            "message": float(np.median(run(time_pipeline_message, n, activation, timeout=args.timeout)[0])),
-            "effective_cores": effective_cores(config, args.batch_size, n, args.timeout) if cores < n else None,
-            "engine": engine, "drain": drain,
-            "strategies": run(time_strategy_overheads, 1, config, k, timeout=args.timeout)[0],
-            "probe": min(probe.seconds() for _ in range(PROBE_BASELINE)) if probe else None}
+    serial = serial_yardsticks(probed(lambda: run(time_serial_steps, 1, flag_sets, SERIAL_ROUNDS,
+                                                  timeout=args.timeout)[0]))
+    device = probed(measure_this_machine)
+    all_reduces = [probed(lambda: run(time_all_reduce, n, ALL_REDUCE_SIZES, timeout=args.timeout)[0])
+                   for _ in range(ALL_REDUCE_JOBS)]
+    engine, drain = probed(lambda: run(time_pipeline_engine, min(n, config.n_layer), config, args.batch_size,
+                                       math.gcd(args.batch_size, ENGINE_MICROBATCHES), timeout=args.timeout)[0])
+    measured = {"serial": serial, "accumulated": k, "peak": device.flops("fp32"), "streamed": device.memory_bandwidth,
+                "gemms": probed(lambda: time_gemms(layer_shapes(config, args.batch_size, n))), "cores": cores,
+                "all_reduce": [min(times) for times in zip(*all_reduces)],
+                "message": float(np.median(probed(lambda: run(time_pipeline_message, n, activation,
+                                                              timeout=args.timeout)[0]))),
+                "effective_cores": probed(lambda: effective_cores(config, args.batch_size, n, args.timeout))
+                if cores < n else None,
+                "engine": engine, "drain": drain,
+                "strategies": probed(lambda: run(time_strategy_overheads, 1, config, k, timeout=args.timeout)[0])}
+    if probe is not None:
+        probes.append(probe.seconds())
+    return {**measured, "probes": probes}
 
 
 def least_disturbed(first: dict, second: dict) -> dict:
     """Two measurements of the yardsticks (before and after the layouts ran) as one: each time the
     smaller, each speed the larger, as each layout's step is its fastest; the three serial steps
     together, from the measurement whose batch step was faster (their fits take differences, which
-    must come from one measurement); the strategies' own costs, differences of two times, their mean."""
+    must come from one measurement); the strategies' own costs, differences of two times, their mean;
+    the machine-speed probes of both, together."""
     merged = dict(first)
     merged["serial"] = min(first["serial"], second["serial"], key=lambda serial: serial["batch"])
     merged["peak"], merged["streamed"] = max(first["peak"], second["peak"]), max(first["streamed"], second["streamed"])
@@ -81,8 +95,7 @@ def least_disturbed(first: dict, second: dict) -> dict:
     merged["all_reduce"] = [min(a, b) for a, b in zip(first["all_reduce"], second["all_reduce"])]
     for name in ("message", "engine", "drain"):
         merged[name] = min(first[name], second[name])
-    if first.get("probe") and second.get("probe"):
-        merged["probe"] = min(first["probe"], second["probe"])
+    merged["probes"] = first.get("probes", []) + second.get("probes", [])  # the machine through both
     if first["effective_cores"] is not None:
         merged["effective_cores"] = max(first["effective_cores"], second["effective_cores"])
     merged["strategies"] = {name: (first["strategies"][name] + second["strategies"][name]) / 2
@@ -149,7 +162,8 @@ def fit_cluster(config: GPTConfig, args, measured: dict) -> tuple[Cluster, dict]
              "pipeline_drain_seconds": measured["drain"], "pipeline_sync_seconds": cluster.pipeline_sync,
              "all_reduce_seconds": {str(size): t for size, t in zip(ALL_REDUCE_SIZES, seconds)},
              "strategy_overhead": strategies, "strategy_overhead_per_microbatch": measured["strategies"],
-             "probe_seconds": measured.get("probe")}
+             "probe_seconds": float(np.median(measured["probes"])) if measured.get("probes") else None,
+             "probes_seconds": measured.get("probes", [])}
     return cluster, facts
 
 
@@ -164,7 +178,6 @@ ALL_REDUCE_JOBS = 3  # jobs timing them, each size's fastest kept: with more ran
                      # all-reduces settle into a slow pace or a fast one (here 4 KB: ~300 or ~130 us), the
                      # training steps' into the fast one
 SERIAL_ROUNDS = 12  # rounds of the three serial steps in turn (`time_serial_steps`)
-PROBE_BASELINE = 5  # machine-speed probes while the yardsticks run; the fastest is the least disturbed machine
 ENGINE_MICROBATCHES = 8  # of the pipeline that times the engine and a step's end after the drain
 ACCUMULATED = 8  # micro-batches of the third serial yardstick (fewer where the batch does not divide):
                  # many, so that the passes they add stand well above a step's noise
