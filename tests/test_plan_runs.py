@@ -8,10 +8,9 @@ from minidist.bench import plan as bench_plan
 from minidist.bench._plan_runs import load_run, median_of_runs, spearman
 
 
-def record(name, predicted, measured, bubble=None, slowdown=None):
+def record(name, predicted, measured, bubble=None):
     return {"kind": "layout", "layout": name, "predicted_step_seconds": predicted, "measured_step_seconds": measured,
-            "bubble": bubble, "slowdown": slowdown,
-            "predicted_at_the_time_seconds": predicted * slowdown if slowdown else None}
+            "bubble": bubble}
 
 
 def write_run(path, records, extra=()):
@@ -95,29 +94,3 @@ def test_command_line_prints_and_writes_the_medians(tmp_path, paths, capsys):
     written = json.loads(out.read_text())
     assert [e["layout"] for e in written if e["kind"] == "median_layout"] == ["dp4", "tp4", "pp2", "zero3"]
     assert written[-1]["kind"] == "median_summary" and written[-1]["within_25_percent"] == 3
-
-
-def test_runs_that_probed_the_machine_also_give_the_ratio_for_the_machine_as_it_was(tmp_path, capsys):
-    """bench plan's runs record the machine's slowdown at each layout's run: measured over the
-    prediction times that slowdown, each run's, then their median."""
-    runs = [[record("dp4", 0.010, 0.014, slowdown=1.4), record("tp4", 0.020, 0.021, slowdown=1.0)],
-            [record("dp4", 0.010, 0.011, slowdown=1.1), record("tp4", 0.020, 0.030, slowdown=1.2)],
-            [record("dp4", 0.010, 0.013, slowdown=1.0), record("tp4", 0.020, 0.026, slowdown=1.3)]]
-    paths = [write_run(tmp_path / f"probed{i}.json", r) for i, r in enumerate(runs)]
-    summary = median_of_runs([load_run(p) for p in paths])
-    rows = {row["layout"]: row for row in summary["layouts"]}
-    assert rows["dp4"]["ratios"] == pytest.approx([1.4, 1.1, 1.3]) and rows["dp4"]["ratio"] == pytest.approx(1.3)
-    assert rows["dp4"]["ratios_at_the_time"] == pytest.approx([1.0, 1.0, 1.3])
-    assert rows["dp4"]["ratio_at_the_time"] == pytest.approx(1.0)
-    assert rows["tp4"]["ratios_at_the_time"] == pytest.approx([1.05, 1.25, 1.0])
-    assert rows["tp4"]["ratio_at_the_time"] == pytest.approx(1.05)
-    # medians 1.3 and 1.3 as measured over predicted (both outside), 1.0 and 1.05 for the machine as it was
-    assert summary["within_25_percent"] == 0 and summary["within_25_percent_at_the_time"] == 2
-    bench_plan.print_median(summary)
-    assert "for the machine as it was at each run, on 2 of 2" in capsys.readouterr().out
-
-
-def test_runs_without_probes_have_no_ratio_for_the_machine_as_it_was(paths):
-    summary = median_of_runs([load_run(p) for p in paths])
-    assert all(row["ratio_at_the_time"] is None for row in summary["layouts"])
-    assert summary["within_25_percent_at_the_time"] == 0

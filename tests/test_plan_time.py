@@ -340,8 +340,8 @@ def test_serial_steps_in_turn_keep_the_baselines_fastest_and_the_median_differen
 
 
 def test_two_measurements_of_the_yardsticks_keep_the_least_disturbed():
-    """bench plan measures its yardsticks before and after the layouts: every time the smaller, every
-    speed the larger, the serial steps as one set, the strategies' costs (differences of times) their mean."""
+    """bench plan measures its yardsticks before the layouts and after each pass: every time the smallest,
+    every speed the largest, the serial steps as one set, the strategies' costs (differences of times) their mean."""
     from minidist.bench.plan import least_disturbed
     first = {"serial": {"batch": 0.08, "one": 0.010}, "accumulated": 8, "peak": 1e11, "streamed": 3e10,
              "gemms": [(1e6, 2e-5), (4e6, 5e-5)], "cores": 2, "all_reduce": [3e-5, 9e-5], "message": 2e-4,
@@ -356,8 +356,12 @@ def test_two_measurements_of_the_yardsticks_keep_the_least_disturbed():
     assert (merged["message"], merged["engine"], merged["drain"]) == (1e-4, 6e-5, 7e-3)
     assert merged["strategies"] == pytest.approx({"tp": 2e-4, "zero3": 1.5e-3})
     assert least_disturbed({**first, "effective_cores": None}, {**second, "effective_cores": None})["effective_cores"] is None
-    # the machine-speed probes taken between the yardsticks: both measurements' together
-    assert least_disturbed({**first, "probes": [0.041, 0.05]}, {**second, "probes": [0.039]})["probes"] == [0.041, 0.05, 0.039]
+    # a third measurement (after another pass): each time the least of three, the strategies' mean of three
+    third = {**first, "serial": {"batch": 0.09, "one": 0.001}, "gemms": [(1e6, 1e-5), (4e6, 6e-5)],
+             "message": 5e-5, "strategies": {"tp": 6e-4, "zero3": 3e-3}}
+    merged = least_disturbed(first, second, third)
+    assert merged["serial"] == {"batch": 0.07, "one": 0.012} and merged["gemms"] == [(1e6, 1e-5), (4e6, 4e-5)]
+    assert merged["message"] == 5e-5 and merged["strategies"] == pytest.approx({"tp": 1e-3 / 3, "zero3": 2e-3})
 
 
 def test_the_fitted_wait_at_a_pipelines_end():

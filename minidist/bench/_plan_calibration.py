@@ -2,8 +2,8 @@
 
 `measure_yardsticks` takes every raw measurement (the GEMM curve's matmuls, three serial steps, the
 all-reduce, a pipeline message, the pipeline engine, the cores four ranks get, each strategy's own
-bookkeeping, the machine's speed); `least_disturbed` merges two such measurements (before and after
-the layouts) into the least disturbed of each; `fit_cluster` turns them into the `Cluster` the
+bookkeeping); `least_disturbed` merges several such measurements (before the layouts
+and after each pass) into the least disturbed of each; `fit_cluster` turns them into the `Cluster` the
 planner predicts with. The timed programs themselves are in `_yardsticks.py`.
 """
 from __future__ import annotations
@@ -13,7 +13,6 @@ from dataclasses import replace
 
 import numpy as np
 
-from minidist.bench._machine_speed import SpeedProbe
 from minidist.bench._yardsticks import (effective_cores, fit_gemm_curve, fit_serial_costs, layer_shapes,
                                        serial_yardsticks, strategy_overheads, time_all_reduce, time_gemms,
                                        time_pipeline_engine, time_pipeline_message, time_serial_steps,
@@ -33,7 +32,7 @@ def demo_workload(config: GPTConfig, batch: int) -> Workload:
     return Workload(config, batch, config.block_size, "fp32", "minidist", overlap=False, gradient_passes=True)
 
 
-def measure_yardsticks(config: GPTConfig, args, probe: SpeedProbe | None = None) -> dict:
+def measure_yardsticks(config: GPTConfig, args) -> dict:
     """Every yardstick's raw measurement (what `fit_cluster` turns into the planner's cluster).
 
     This CPU as a device (`hardware.measure_this_machine`: its best matmul FLOP/s and its memory
@@ -43,62 +42,47 @@ def measure_yardsticks(config: GPTConfig, args, probe: SpeedProbe | None = None)
     `--ranks` ranks (each size's fastest of `ALL_REDUCE_JOBS` jobs); a pipeline message's delay as
     its receiver notices it; the pipeline engine's own time after each forward and backward in a
     short pipeline run, and that run's time from its drain to its step's end; with more ranks than cores, how many cores they effectively get; and each
-    strategy's own bookkeeping on one rank. The yardsticks themselves are in `_yardsticks.py`. With a
-    `probe` (`_machine_speed.SpeedProbe`), the machine's speed probed before each yardstick and after
-    the last ("probes"): what the layouts' runs are set against."""
-    probes = []
-
-    def probed(measurement):  # the machine's speed just before each yardstick
-        if probe is not None:
-            probes.append(probe.seconds())
-        return measurement()
-
+    strategy's own bookkeeping on one rank. The yardsticks themselves are in `_yardsticks.py`."""
     model_flags = ["--n-layer", str(config.n_layer), "--n-embd", str(config.n_embd), "--n-head", str(config.n_head),
                    "--block-size", str(config.block_size), "--steps", str(SERIAL_ROUNDS)]
     k = math.gcd(args.batch_size, ACCUMULATED)
     flag_sets = {"batch": [*model_flags, "--batch-size", str(args.batch_size)],
                  "one": [*model_flags, "--batch-size", "1"],
                  "accumulated": [*model_flags, "--batch-size", str(args.batch_size), "--accumulation", str(k)]}
+    serial = serial_yardsticks(run(time_serial_steps, 1, flag_sets, SERIAL_ROUNDS, timeout=args.timeout)[0])
+    device = measure_this_machine()
     n, cores = args.ranks, cores_available()
     activation = args.batch_size * config.block_size * config.n_embd * 4  # the largest a pipeline sends
-    serial = serial_yardsticks(probed(lambda: run(time_serial_steps, 1, flag_sets, SERIAL_ROUNDS,
-                                                  timeout=args.timeout)[0]))
-    device = probed(measure_this_machine)
-    all_reduces = [probed(lambda: run(time_all_reduce, n, ALL_REDUCE_SIZES, timeout=args.timeout)[0])
-                   for _ in range(ALL_REDUCE_JOBS)]
-    engine, drain = probed(lambda: run(time_pipeline_engine, min(n, config.n_layer), config, args.batch_size,
-                                       math.gcd(args.batch_size, ENGINE_MICROBATCHES), timeout=args.timeout)[0])
-    measured = {"serial": serial, "accumulated": k, "peak": device.flops("fp32"), "streamed": device.memory_bandwidth,
-                "gemms": probed(lambda: time_gemms(layer_shapes(config, args.batch_size, n))), "cores": cores,
-                "all_reduce": [min(times) for times in zip(*all_reduces)],
-                "message": float(np.median(probed(lambda: run(time_pipeline_message, n, activation,
-                                                              timeout=args.timeout)[0]))),
-                "effective_cores": probed(lambda: effective_cores(config, args.batch_size, n, args.timeout))
-                if cores < n else None,
-                "engine": engine, "drain": drain,
-                "strategies": probed(lambda: run(time_strategy_overheads, 1, config, k, timeout=args.timeout)[0])}
-    if probe is not None:
-        probes.append(probe.seconds())
-    return {**measured, "probes": probes}
+    all_reduces = [run(time_all_reduce, n, ALL_REDUCE_SIZES, timeout=args.timeout)[0] for _ in range(ALL_REDUCE_JOBS)]
+    engine, drain = run(time_pipeline_engine, min(n, config.n_layer), config, args.batch_size,
+                        math.gcd(args.batch_size, ENGINE_MICROBATCHES), timeout=args.timeout)[0]
+    return {"serial": serial, "accumulated": k, "peak": device.flops("fp32"), "streamed": device.memory_bandwidth,
+            "gemms": time_gemms(layer_shapes(config, args.batch_size, n)), "cores": cores,
+            "all_reduce": [min(times) for times in zip(*all_reduces)],
+            "message": float(np.median(run(time_pipeline_message, n, activation, timeout=args.timeout)[0])),
+            "effective_cores": effective_cores(config, args.batch_size, n, args.timeout) if cores < n else None,
+            "engine": engine, "drain": drain,
+            "strategies": run(time_strategy_overheads, 1, config, k, timeout=args.timeout)[0]}
 
 
-def least_disturbed(first: dict, second: dict) -> dict:
-    """Two measurements of the yardsticks (before and after the layouts ran) as one: each time the
-    smaller, each speed the larger, as each layout's step is its fastest; the three serial steps
-    together, from the measurement whose batch step was faster (their fits take differences, which
-    must come from one measurement); the strategies' own costs, differences of two times, their mean;
-    the machine-speed probes of both, together."""
+def least_disturbed(*measurements: dict) -> dict:
+    """Several measurements of the yardsticks (before the layouts and after each pass) as one: each
+    time the smallest, each speed the largest, as each layout's step is its fastest; the three serial
+    steps together, from the measurement whose batch step was fastest (their fits take differences,
+    which must come from one measurement); the strategies' own costs, differences of two times, their mean."""
+    first = measurements[0]
     merged = dict(first)
-    merged["serial"] = min(first["serial"], second["serial"], key=lambda serial: serial["batch"])
-    merged["peak"], merged["streamed"] = max(first["peak"], second["peak"]), max(first["streamed"], second["streamed"])
-    merged["gemms"] = [(f, min(a, b)) for (f, a), (_, b) in zip(first["gemms"], second["gemms"])]
-    merged["all_reduce"] = [min(a, b) for a, b in zip(first["all_reduce"], second["all_reduce"])]
+    merged["serial"] = min((m["serial"] for m in measurements), key=lambda serial: serial["batch"])
+    merged["peak"] = max(m["peak"] for m in measurements)
+    merged["streamed"] = max(m["streamed"] for m in measurements)
+    merged["gemms"] = [(f, min(times)) for (f, _), *times in zip(first["gemms"], *(
+        [t for _, t in m["gemms"]] for m in measurements))]
+    merged["all_reduce"] = [min(times) for times in zip(*(m["all_reduce"] for m in measurements))]
     for name in ("message", "engine", "drain"):
-        merged[name] = min(first[name], second[name])
-    merged["probes"] = first.get("probes", []) + second.get("probes", [])  # the machine through both
+        merged[name] = min(m[name] for m in measurements)
     if first["effective_cores"] is not None:
-        merged["effective_cores"] = max(first["effective_cores"], second["effective_cores"])
-    merged["strategies"] = {name: (first["strategies"][name] + second["strategies"][name]) / 2
+        merged["effective_cores"] = max(m["effective_cores"] for m in measurements)
+    merged["strategies"] = {name: sum(m["strategies"][name] for m in measurements) / len(measurements)
                             for name in first["strategies"]}
     return merged
 
@@ -161,9 +145,7 @@ def fit_cluster(config: GPTConfig, args, measured: dict) -> tuple[Cluster, dict]
              "pipeline_message_seconds": measured["message"], "pipeline_engine_seconds": measured["engine"],
              "pipeline_drain_seconds": measured["drain"], "pipeline_sync_seconds": cluster.pipeline_sync,
              "all_reduce_seconds": {str(size): t for size, t in zip(ALL_REDUCE_SIZES, seconds)},
-             "strategy_overhead": strategies, "strategy_overhead_per_microbatch": measured["strategies"],
-             "probe_seconds": float(np.median(measured["probes"])) if measured.get("probes") else None,
-             "probes_seconds": measured.get("probes", [])}
+             "strategy_overhead": strategies, "strategy_overhead_per_microbatch": measured["strategies"]}
     return cluster, facts
 
 

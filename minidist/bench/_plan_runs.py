@@ -75,11 +75,7 @@ def median_of_runs(runs: list[dict[str, dict]]) -> dict:
     for name in names:
         records = [r[name] for r in runs]
         ratios = [e["measured_step_seconds"] / e["predicted_step_seconds"] for e in records]
-        # runs that probed the machine's speed: measured / the prediction for the machine as it was then
-        then = [e["measured_step_seconds"] / e["predicted_at_the_time_seconds"] for e in records
-                if e.get("predicted_at_the_time_seconds")]
         row = {"layout": name, "ratios": ratios, "ratio": statistics.median(ratios),
-               "ratios_at_the_time": then, "ratio_at_the_time": statistics.median(then) if then else None,
                "predicted_step_seconds": statistics.median(e["predicted_step_seconds"] for e in records),
                "measured_step_seconds": statistics.median(e["measured_step_seconds"] for e in records)}
         bubbles = [e["bubble"] for e in records if e.get("bubble") and e["bubble"].get("measured") is not None]
@@ -94,24 +90,16 @@ def median_of_runs(runs: list[dict[str, dict]]) -> dict:
             "spearman_of_medians": spearman([row["predicted_step_seconds"] for row in layouts],
                                             [row["measured_step_seconds"] for row in layouts]),
             "within_25_percent": sum(abs(row["ratio"] - 1) <= WITHIN for row in layouts),
-            "within_25_percent_at_the_time": sum(row["ratio_at_the_time"] is not None
-                                                 and abs(row["ratio_at_the_time"] - 1) <= WITHIN for row in layouts),
             "within_25_percent_each": [sum(within(r[n]["measured_step_seconds"], r[n]["predicted_step_seconds"])
                                            for n in names) for r in runs]}
 
 
 def print_median(summary: dict) -> None:
-    probed = all(row["ratio_at_the_time"] is not None for row in summary["layouts"])
-    print(f"{'layout':<34} {'measured / predicted, each run':>34} {'median':>7}"
-          + (f" {'for the machine as it was then, each run':>42} {'median':>7}" if probed else ""))
+    print(f"{'layout':<34} {'measured / predicted, each run':>34} {'median':>7}")
     for row in summary["layouts"]:
         each = " ".join(f"{x:6.2f}" for x in row["ratios"])
-        line = f"{row['layout']:<34} {each:>34} {row['ratio']:7.2f}"
-        marks = [abs(row["ratio"] - 1) <= WITHIN]
-        if probed:
-            line += f" {' '.join(f'{x:6.2f}' for x in row['ratios_at_the_time']):>42} {row['ratio_at_the_time']:7.2f}"
-            marks.append(abs(row["ratio_at_the_time"] - 1) <= WITHIN)
-        print(line + ("" if all(marks) else "  outside 25 %"))
+        mark = "" if abs(row["ratio"] - 1) <= WITHIN else "  outside 25 %"
+        print(f"{row['layout']:<34} {each:>34} {row['ratio']:7.2f}{mark}")
     for row in summary["layouts"]:
         if "bubble" in row:
             b = row["bubble"]
@@ -124,6 +112,4 @@ def print_median(summary: dict) -> None:
           + ", ".join(f"{rho:.3f}" for rho in summary["spearman_each"])
           + f" (median {summary['spearman']:.3f}; of the median times {summary['spearman_of_medians']:.3f}); "
           f"within 25 % in each run: {', '.join(str(k) for k in summary['within_25_percent_each'])} of {n}; "
-          f"the median ratio within 25 % on {summary['within_25_percent']} of {n}"
-          + (f"; for the machine as it was at each run, on {summary['within_25_percent_at_the_time']} of {n}"
-             if probed else ""))
+          f"the median ratio within 25 % on {summary['within_25_percent']} of {n}")

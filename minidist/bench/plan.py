@@ -33,10 +33,8 @@ for such ranks to wake (a pipeline of one stage per rank, timed from its drain t
 less what the model counts there, gives `Cluster.pipeline_sync`). The machine may be shared, so
 every time is the least disturbed of several: a run's time is its fastest step after the first,
 each layout runs in `--repeats` passes and keeps its fastest, and the yardsticks are measured
-before and after the layouts, each keeping its least disturbed measurement (`least_disturbed`).
-A busy hour slows every layout at once, which no least disturbed yardstick shows: a probe of the
-machine's speed (`_machine_speed.SpeedProbe`) runs before and after each layout's run, and each
-prediction is also given for the machine as it was then (the prediction times its slowdown).
+before the layouts and after each pass, each keeping its least disturbed measurement
+(`least_disturbed`): the yardsticks span as many moments of the machine as the layouts' passes.
 
     python -m minidist.bench plan --match "tp2"     # only the layouts whose name contains "tp2"
     python -m minidist.bench plan --median-of a.json b.json c.json   # recorded runs, each layout's median
@@ -53,8 +51,6 @@ import tempfile
 import numpy as np
 
 from minidist import cli
-from minidist.bench import _machine_speed
-from minidist.bench._machine_speed import SpeedProbe
 from minidist.bench._plan_calibration import (ALL_REDUCE_SIZES, ENGINE_MICROBATCHES, calibrate,  # noqa: F401
                                              demo_workload, fit_cluster, least_disturbed, measure_yardsticks,
                                              print_yardsticks)
@@ -65,7 +61,6 @@ from minidist.core.model import GPTConfig
 from minidist.parallel.mesh import coordinates
 from minidist.plan.predict import Workload, rank_ledger
 from minidist.plan.search import candidate_layouts, plan
-from minidist.runtime import cores_available
 from minidist.training.layout import Layout
 
 PILES = ("params", "grads", "optimizer")
@@ -105,10 +100,8 @@ def fastest_step(report: dict) -> float:
     return float(min(report["step_seconds"][1:] or report["step_seconds"]))
 
 
-def compare(row: dict, report: dict, workload: Workload, slowdown: float | None = None) -> dict:
-    """One layout's record: predicted vs measured step time and per-rank memory; with the machine's
-    `slowdown` during the kept run (`_machine_speed.slowdown`), also the prediction for the machine as
-    it was then (the prediction times the slowdown)."""
+def compare(row: dict, report: dict, workload: Workload) -> dict:
+    """One layout's record: predicted vs measured step time and per-rank memory."""
     layout = Layout(**row["layout"])
     measured = fastest_step(report)
     ranks = []
@@ -126,8 +119,7 @@ def compare(row: dict, report: dict, workload: Workload, slowdown: float | None 
                if row["bytes_sent"][axis] and any(axis in g for g in groups)}
     pipeline = report.get("pipeline") or {}
     return {"layout": row["name"], "flags": demo_flags(row["layout"]), "predicted_step_seconds": row["step_seconds"],
-            "measured_step_seconds": measured, "slowdown": slowdown,
-            "predicted_at_the_time_seconds": row["step_seconds"] * slowdown if slowdown else None,
+            "measured_step_seconds": measured,
             "predicted": {k: row[k] for k in ("compute", "bubble", "tp", "pp", "dp", "gradients", "machinery",
                                               "sharing")},
             "bubble": {"predicted": row["bubble_fraction"], "measured": pipeline.get("bubble_measured"),
@@ -136,15 +128,14 @@ def compare(row: dict, report: dict, workload: Workload, slowdown: float | None 
 
 
 def print_records(records: list[dict], skipped: list[dict]) -> None:
-    print(f"{'layout':<34} {'predicted ms':>12} {'measured ms':>11} {'ratio':>6} {'slowdown':>8} {'then':>5}  states  "
+    print(f"{'layout':<34} {'predicted ms':>12} {'measured ms':>11} {'ratio':>6}  states  "
           f"activations measured/predicted per rank   bytes per step measured/predicted")
     for r in records:
         states = "equal" if all(m["states_equal"] for m in r["memory"]) else "DIFFER"
         ratios = " ".join(f"{m['activation_ratio']:.3f}" for m in r["memory"])
         sent = " ".join(f"{axis} {t['measured'] / t['predicted']:.3f}" for axis, t in r["traffic"].items())
         print(f"{r['layout']:<34} {r['predicted_step_seconds'] * 1e3:12.1f} {r['measured_step_seconds'] * 1e3:11.1f} "
-              f"{r['measured_step_seconds'] / r['predicted_step_seconds']:6.2f} {r['slowdown']:8.2f} "
-              f"{r['measured_step_seconds'] / r['predicted_at_the_time_seconds']:5.2f}  {states:<6}  {ratios:<40} {sent}")
+              f"{r['measured_step_seconds'] / r['predicted_step_seconds']:6.2f}  {states:<6}  {ratios:<40} {sent}")
         for m in r["memory"]:
             if not m["states_equal"]:
                 print(f"    rank {m['rank']}: predicted {m['predicted']}  measured {m['measured']}")
@@ -213,20 +204,11 @@ def main(argv=None) -> int:
             with open(args.json, "w") as f:
                 json.dump([{"kind": "calibration", **facts}], f, indent=1)
         return 0
-    # one worker per core, each a rank's share of the batch: the machine's speed beside every run
-    with SpeedProbe(config, max(1, args.batch_size // args.ranks), min(args.ranks, cores_available())) as probe:
-        return run_layouts(config, args, valid, probe)
-
-
-def run_layouts(config: GPTConfig, args, valid: list, probe: SpeedProbe) -> int:
-    """The yardsticks, every chosen layout in `--repeats` shuffled passes (each run between two
-    probes of the machine's speed), the yardsticks again, and the comparison printed and written."""
     try:
-        before = measure_yardsticks(config, args, probe)
-        cluster, facts = fit_cluster(config, args, before)
+        yardsticks = [measure_yardsticks(config, args)]
+        cluster, facts = fit_cluster(config, args, yardsticks[0])
     except RuntimeError as error:
-        print(f"bench plan: {error}", file=sys.stderr)
-        return 2
+        parser.error(str(error))
     workload = demo_workload(config, args.batch_size)
     print_yardsticks(facts, args.ranks)
     rows = plan(workload, cluster, top=len(valid))  # every schedule simulated: a search's estimates are not checked here
@@ -234,7 +216,7 @@ def run_layouts(config: GPTConfig, args, valid: list, probe: SpeedProbe) -> int:
     model_flags = ["--n-layer", str(args.n_layer), "--n-embd", str(args.n_embd), "--n-head", str(args.n_head),
                    "--block-size", str(args.block_size), "--batch-size", str(args.batch_size),
                    "--steps", str(args.steps)]
-    reports, slowdowns, skipped = {}, {}, {}
+    reports, skipped = {}, {}
     chosen = [r for r in rows if args.match in r["name"]]
     # in a shuffled order: a machine that slows or speeds up during the run then adds noise to the
     # measurements, not a trend along the predicted order (the rows come sorted by prediction); and
@@ -247,43 +229,36 @@ def run_layouts(config: GPTConfig, args, valid: list, probe: SpeedProbe) -> int:
         for row in shuffle.permutation(np.array(chosen, dtype=object)):
             if row["name"] in skipped:
                 continue
-            ahead = probe.seconds()
             report, why = run_demo(args.ranks, [*demo_flags(row["layout"]), *model_flags], args.timeout)
-            behind = probe.seconds()
             if report is None:
                 skipped[row["name"]] = {"layout": row["name"], "flags": demo_flags(row["layout"]), "why": why}
                 print(f"  {row['name']}: not run ({why})", file=sys.stderr, flush=True)
                 continue
             if row["name"] not in reports or fastest_step(report) < fastest_step(reports[row["name"]]):
-                reports[row["name"]], slowdowns[row["name"]] = report, (ahead, behind)
-            print(f"  {row['name']}: {fastest_step(report) * 1e3:.1f} ms (probe {ahead * 1e3:.1f}, {behind * 1e3:.1f} ms)",
-                  file=sys.stderr, flush=True)
+                reports[row["name"]] = report
+            print(f"  {row['name']}: {fastest_step(report) * 1e3:.1f} ms", file=sys.stderr, flush=True)
+        # the yardsticks again after every pass: each keeps its least disturbed of as many moments as the
+        # layouts' passes span, as each layout keeps its least disturbed pass
+        try:
+            yardsticks.append(measure_yardsticks(config, args))
+        except RuntimeError as error:
+            print(f"bench plan: the yardsticks after pass {attempt + 1} failed ({error})", file=sys.stderr)
     skipped = list(skipped.values())
-    # the yardsticks once more, after the layouts: each the least disturbed of its two measurements,
-    # as each layout's time is its least disturbed step; the predictions are made from those
-    try:
-        cluster, facts = fit_cluster(config, args, least_disturbed(before, measure_yardsticks(config, args, probe)))
-    except RuntimeError as error:
-        print(f"bench plan: the yardsticks after the layouts failed ({error}); predicting from the first",
-              file=sys.stderr)
-    else:
-        print_yardsticks(facts, args.ranks, "after the layouts, each the least disturbed of two measurements")
+    # the predictions are made from each yardstick's least disturbed measurement
+    cluster, facts = fit_cluster(config, args, least_disturbed(*yardsticks))
+    print_yardsticks(facts, args.ranks, f"each the least disturbed of {len(yardsticks)} measurements, "
+                                        "before the layouts and after each pass")
     predicted = {row["name"]: row for row in plan(workload, cluster, top=len(valid))}
     assert all(row["simulated"] for row in predicted.values())
-    records = [compare(predicted[name], report, workload,
-                       _machine_speed.slowdown(*slowdowns[name], facts["probe_seconds"]))
-               for name, report in reports.items()]
+    records = [compare(predicted[name], report, workload) for name, report in reports.items()]
     records.sort(key=lambda r: r["predicted_step_seconds"])
     print_records(records, skipped)
     rho = spearman([r["predicted_step_seconds"] for r in records], [r["measured_step_seconds"] for r in records]) \
         if len(records) >= 2 else float("nan")
     equal = sum(all(m["states_equal"] for m in r["memory"]) for r in records)
     hits = sum(within(r["measured_step_seconds"], r["predicted_step_seconds"]) for r in records)
-    hits_then = sum(within(r["measured_step_seconds"], r["predicted_at_the_time_seconds"]) for r in records)
-    slowest = max((r["slowdown"] for r in records), default=1.0)
     print(f"{len(records)} layouts run ({len(skipped)} refused by the demo); params/grads/optimizer equal to the byte "
-          f"on {equal} of {len(records)}; step time within 25 % of the prediction on {hits} of {len(records)}, "
-          f"of the prediction for the machine as it was at the run on {hits_then} (slowdowns up to {slowest:.2f}); "
+          f"on {equal} of {len(records)}; step time within 25 % of the prediction on {hits} of {len(records)}; "
           f"Spearman rank correlation of predicted and measured step times: {rho:.3f}")
     for r in records:
         if r["bubble"] and r["bubble"]["measured"] is not None:
@@ -295,6 +270,5 @@ def run_layouts(config: GPTConfig, args, valid: list, probe: SpeedProbe) -> int:
             json.dump([{"kind": "calibration", **facts},
                        *({"kind": "layout", **r} for r in records), *({"kind": "refused", **s} for s in skipped),
                        {"kind": "summary", "spearman": rho, "layouts_run": len(records),
-                        "within_25_percent": hits, "within_25_percent_at_the_time": hits_then,
-                        "slowdown_max": slowest}], f, indent=1)
+                        "within_25_percent": hits, "yardstick_measurements": len(yardsticks)}], f, indent=1)
     return 0
