@@ -362,6 +362,7 @@ def test_two_measurements_of_the_yardsticks_keep_the_least_disturbed():
     merged = least_disturbed(first, second, third)
     assert merged["serial"] == {"batch": 0.07, "one": 0.012} and merged["gemms"] == [(1e6, 1e-5), (4e6, 4e-5)]
     assert merged["message"] == 5e-5 and merged["strategies"] == pytest.approx({"tp": 1e-3 / 3, "zero3": 2e-3})
+    assert merged["serial_each"] == [0.08, 0.07, 0.09]  # each measurement's batch step, for the printout
 
 
 def test_the_fitted_wait_at_a_pipelines_end():

@@ -84,6 +84,7 @@ def least_disturbed(*measurements: dict) -> dict:
         merged["effective_cores"] = max(m["effective_cores"] for m in measurements)
     merged["strategies"] = {name: sum(m["strategies"][name] for m in measurements) / len(measurements)
                             for name in first["strategies"]}
+    merged["serial_each"] = [m["serial"]["batch"] for m in measurements]  # how still the machine kept
     return merged
 
 
@@ -134,6 +135,7 @@ def fit_cluster(config: GPTConfig, args, measured: dict) -> tuple[Cluster, dict]
                          cluster)
     cluster = replace(cluster, pipeline_sync=max(0.0, measured["drain"] - engine_run["outside_passes"]))
     facts = {"serial_step_seconds": serial["batch"], "serial_one_sequence_seconds": serial["one"],
+             "serial_step_each_seconds": measured.get("serial_each", [serial["batch"]]),
              "serial_accumulated_seconds": serial["accumulated"], "serial_accumulated_microbatches": k,
              "serial_step_predicted": serial_prediction(args.batch_size, 1, overhead, per_step, bandwidth),
              "device_flops": peak * curve.peak_fraction, "peak_flops": peak,
@@ -168,6 +170,8 @@ ACCUMULATED = 8  # micro-batches of the third serial yardstick (fewer where the 
 def print_yardsticks(facts: dict, ranks: int, when: str = "") -> None:
     """The calibration in one paragraph: what this machine is to the planner."""
     when = f" ({when})" if when else ""
+    steps = facts.get("serial_step_each_seconds", [])
+    each = f" (the fastest of {', '.join(f'{t * 1e3:.1f}' for t in steps)})" if len(steps) > 1 else ""
     shared = (f"{ranks} ranks share {facts['cores']} cores, as {facts['effective_cores']:.2f}"
               if facts["effective_cores"] else "a core per rank")
     print(f"yardsticks{when}: per core ({shared}) GEMMs at "
@@ -176,7 +180,7 @@ def print_yardsticks(facts: dict, ranks: int, when: str = "") -> None:
           f"model's shapes), element-wise work at {facts['memory_bandwidth'] / 1e9:.1f} GB/s (streamed: "
           f"{facts['memory_bandwidth_measured'] / 1e9:.1f}), {facts['layer_overhead'] * 1e3:.2f} ms "
           f"per layer pass and {facts['step_overhead'] * 1e3:.1f} ms per step; "
-          f"serial step {facts['serial_step_seconds'] * 1e3:.1f} ms measured, "
+          f"serial step {facts['serial_step_seconds'] * 1e3:.1f} ms measured{each}, "
           f"{facts['serial_step_predicted'] * 1e3:.1f} ms predicted; all-reduce alpha {facts['alpha'] * 1e6:.1f} us, "
           f"beta {facts['beta'] * 1e9:.3f} ns/byte; a pipeline message noticed {facts['pipeline_message_seconds'] * 1e3:.2f} "
           f"ms after its send, the pipeline engine's {facts['pipeline_engine_seconds'] * 1e3:.2f} ms after each "
