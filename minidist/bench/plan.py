@@ -18,8 +18,8 @@ sends per step (the demo's `traffic_by_group`) against the planner's. A layout t
 is listed with the demo's one-line reason. Last, Spearman's rank correlation between the planner's ranking and
 the measured step times.
 
-The prediction is calibrated by yardsticks measured in the same run (`_plan_calibration.py`): NumPy matmuls of the model's
-shapes give the GEMM curve; three serial steps (one process; the global batch, one sequence, the
+The prediction is calibrated by yardsticks measured in the same run (`_plan_calibration.py`):
+NumPy matmuls of the model's shapes give the GEMM curve; three serial steps (one process; the global batch, one sequence, the
 batch in 8 micro-batches) give the fixed costs of a layer pass and of a step that no split
 shrinks (Python's) and the bandwidth minidist's element-wise work reaches; minidist's all-reduce
 timed on `--ranks` ranks gives alpha and beta (`comm.cost.fit_alpha_beta` on the ring's
