@@ -75,8 +75,7 @@ def least_disturbed(*measurements: dict) -> dict:
     merged["serial"] = min((m["serial"] for m in measurements), key=lambda serial: serial["batch"])
     merged["peak"] = max(m["peak"] for m in measurements)
     merged["streamed"] = max(m["streamed"] for m in measurements)
-    merged["gemms"] = [(f, min(times)) for (f, _), *times in zip(first["gemms"], *(
-        [t for _, t in m["gemms"]] for m in measurements))]
+    merged["gemms"] = [(flops, min(m["gemms"][i][1] for m in measurements)) for i, (flops, _) in enumerate(first["gemms"])]
     merged["all_reduce"] = [min(times) for times in zip(*(m["all_reduce"] for m in measurements))]
     for name in ("message", "engine", "drain"):
         merged[name] = min(m[name] for m in measurements)
