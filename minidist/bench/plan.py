@@ -194,16 +194,6 @@ def main(argv=None) -> int:
         parser.error(f"--ranks {args.ranks}: no valid layout of the demo GPT on {args.ranks} ranks ({facts})")
     if not any(args.match in str(lay) for lay in valid):
         parser.error(f"--match {args.match!r}: none of the {len(valid)} valid layouts of {args.ranks} ranks matches")
-    if args.calibrate:
-        try:
-            cluster, facts = calibrate(config, args)
-        except RuntimeError as error:
-            parser.error(str(error))
-        print_yardsticks(facts, args.ranks)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump([{"kind": "calibration", **facts}], f, indent=1)
-        return 0
     try:
         yardsticks = [measure_yardsticks(config, args)]
         cluster, facts = fit_cluster(config, args, yardsticks[0])
@@ -211,6 +201,11 @@ def main(argv=None) -> int:
         parser.error(str(error))
     workload = demo_workload(config, args.batch_size)
     print_yardsticks(facts, args.ranks)
+    if args.calibrate:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump([{"kind": "calibration", **facts}], f, indent=1)
+        return 0
     rows = plan(workload, cluster, top=len(valid))  # every schedule simulated: a search's estimates are not checked here
     print(f"{len(rows)} valid layouts")
     model_flags = ["--n-layer", str(args.n_layer), "--n-embd", str(args.n_embd), "--n-head", str(args.n_head),
