@@ -110,3 +110,63 @@ def test_tune_writes_a_table_auto_then_follows(tmp_path):
         assert set(row["seconds"]) == {"naive", "tree", "recursive_doubling", "halving_doubling", "ring",
                                        "shared_memory"}
     assert "MINIDIST_TUNING=" in proc.stdout and "fastest" in proc.stdout
+    # the window's piece, timed first: half to 16 times the built-in 256 KB on 1, 4 and 16 MB arrays;
+    # chosen for the least time relative to the best piece at each size
+    table = data["tables"][0]
+    seconds = {int(p): {int(n): t for n, t in times.items()} for p, times in table["piece_seconds"].items()}
+    assert sorted(seconds) == [128 << 10, 256 << 10, 512 << 10, 1 << 20, 2 << 20, 4 << 20]
+    assert all(sorted(times) == [1 << 20, 4 << 20, 16 << 20] for times in seconds.values())
+    best = {n: min(times[n] for times in seconds.values()) for n in (1 << 20, 4 << 20, 16 << 20)}
+    assert table["piece_bytes"] == min(seconds, key=lambda p: sum(seconds[p][n] / best[n] for n in best))
+    assert "shared-memory piece on 2 ranks" in proc.stdout and "<- chosen" in proc.stdout
+
+
+def test_the_table_may_carry_the_windows_measured_piece(tmp_path):
+    """`piece_bytes`: the shared-memory all-reduce's piece `bench collectives --tune` measured fastest."""
+    path = str(tmp_path / "t.json")
+    tuning.write(path, 2, 1, [{"bytes": 1024, "algorithm": "ring", "seconds": {"ring": 1e-5}}],
+                 piece=1 << 20, piece_seconds={"262144": {"1048576": 3e-4}, "1048576": {"1048576": 2e-4}})
+    tuning.write(path, 4, 1, [{"bytes": 1024, "algorithm": "tree", "seconds": {"tree": 2e-5}}])
+    assert tuning.piece(2, 1, path) == 1 << 20
+    assert tuning.piece(4, 1, path) is None and tuning.piece(3, 1, path) is None  # the built-in piece
+    assert json.load(open(path))["tables"][0]["piece_seconds"]["1048576"] == {"1048576": 2e-4}
+
+
+@pytest.mark.parametrize("piece", [1000, 1024, -65536, "1M", True, 1 << 31])
+def test_a_piece_the_window_cannot_take_is_refused(tmp_path, piece):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"format": tuning.FORMAT, "tables": [
+        {"ranks": 2, "machines": 1, "piece_bytes": piece, "sizes": [{"bytes": 4, "algorithm": "ring"}]}]}))
+    tuning._read.cache_clear()
+    with pytest.raises(tuning.TuningError, match=r"piece_bytes must be a multiple of 64 from 65536"):
+        tuning.piece(2, 1, str(path))
+
+
+def piece_rank_program(nbytes):
+    from mpi4py import MPI
+
+    from minidist.comm import all_reduce, get_world, shared_memory
+
+    world = get_world()
+    x = np.random.default_rng(world.rank).standard_normal(nbytes // 4).astype(np.float32)
+    expected = np.empty_like(x)
+    MPI.COMM_WORLD.Allreduce(x, expected, op=MPI.SUM)
+    all_reduce(x, algorithm="shared_memory")
+    window = shared_memory.window(world)
+    before = window.calls
+    all_reduce(x, algorithm="shared_memory")  # once more, to count its pieces
+    return {"piece": window.piece, "pieces": window.calls - before, "error": float(np.max(np.abs(x - 2 * expected)))}
+
+
+@pytest.mark.parametrize("piece", [None, 128 << 10, 4 << 20])
+def test_the_window_goes_by_the_tables_piece_and_still_equals_mpi(tmp_path, monkeypatch, piece):
+    """2 ranks, a 3 MB array: the built-in 256 KB piece (12 pieces), the table's 128 KB (24) or 4 MB (1)."""
+    rows = [{"bytes": 4, "algorithm": "shared_memory", "seconds": {"shared_memory": 1e-5}}]
+    path = str(tmp_path / "t.json")
+    tuning.write(path, 2, 1, rows, piece=piece)
+    monkeypatch.setenv("MINIDIST_TUNING", path)
+    nbytes = 3 << 20
+    expected_piece = piece or 256 << 10
+    for rank in run(piece_rank_program, 2, nbytes, timeout=120):
+        assert rank["piece"] == expected_piece and rank["pieces"] == -(-nbytes // expected_piece)
+        assert rank["error"] < 1e-4

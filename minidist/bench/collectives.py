@@ -22,6 +22,8 @@ algorithm's busbw is the link's bandwidth whatever N is.
 `--tune PATH` times every all-reduce algorithm at each size (the default sizes, or --sizes),
 prints each one's time against MPI's, and writes the fastest per size to the tuning table at PATH
 (minidist/comm/tuning.py; a table per number of ranks and machines, the others in the file kept).
+On one machine it first times the shared-memory all-reduce's piece size (`tune_piece`) and keeps
+the fastest in the table too.
 With `MINIDIST_TUNING=PATH` in the environment, `all_reduce(algorithm="auto")` then takes the
 measured choice.
 
@@ -245,7 +247,47 @@ def tune(comm, sizes, budget, rounds, machines: int) -> list[dict]:
     return rows
 
 
-def print_tuning(rows, n: int, path: str) -> None:
+PIECE_FACTORS = (0.5, 1, 2, 4, 8, 16)  # --tune times the built-in piece (64 KB x N^2) times each
+PIECE_SIZES = (1 << 20, 4 << 20, 16 << 20)  # on arrays of these sizes
+
+
+def tune_piece(comm, budget, rounds) -> tuple[int | None, dict]:
+    """(the fastest piece, {piece: {array bytes: seconds}}) of the shared-memory all-reduce, pieces
+    from half to 16 times the built-in one, rounds alternating between them (the best of each kept);
+    fastest = least summed time relative to the best piece at each size. (None, {}) where the
+    ranks do not share one machine. The window keeps the chosen piece for what follows."""
+    from minidist.comm import shared_memory
+
+    shared = shared_memory.window_or_none(dist.get_world())
+    if shared is None:
+        return None, {}
+    built_in = shared_memory.PIECE_PER_RANK_SQUARED * comm.size ** 2
+    pieces = sorted({max(shared_memory.SMALL, int(built_in * f)) // 64 * 64 for f in PIECE_FACTORS})
+    arrays = [np.random.default_rng(comm.rank).standard_normal(n // 4).astype(np.float32) for n in PIECE_SIZES]
+    seconds = {p: {x.nbytes: float("inf") for x in arrays} for p in pieces}
+    for _ in range(rounds):
+        for p in pieces:
+            shared.set_piece(p)
+            for x in arrays:
+                call = lambda: dist.all_reduce(x, algorithm="shared_memory")  # noqa: E731, B023
+                call()  # the window grown to this piece before the clock starts
+                once = np.array([timed(call, 1, comm)])
+                comm.Bcast(once, root=0)  # every rank must agree on reps
+                reps = int(max(1, min(200, budget / max(once[0], 1e-7))))
+                seconds[p][x.nbytes] = min(seconds[p][x.nbytes], timed(call, reps, comm))
+    best_at = {x.nbytes: min(seconds[p][x.nbytes] for p in pieces) for x in arrays}
+    best = min(pieces, key=lambda p: sum(seconds[p][n] / best_at[n] for n in best_at))
+    shared.set_piece(best)
+    return best, seconds
+
+
+def print_tuning(rows, n: int, path: str, piece=None, piece_seconds=None) -> None:
+    if piece:
+        sizes = list(next(iter(piece_seconds.values())))
+        print(f"shared-memory piece on {n} ranks: us per all-reduce of " + ", ".join(map(human, sizes)))
+        for p, times in piece_seconds.items():
+            print(f"{human(p):>6s} " + " ".join(f"{times[size] * 1e6:10.1f}" for size in sizes)
+                  + ("   <- chosen" if p == piece else ""))
     names = list(rows[0]["seconds"])
     print(f"all-reduce on {n} ranks: us per call, and the ratio of the fastest to MPI's")
     print(f"{'bytes':>6s} " + " ".join(f"{name[:12]:>12s}" for name in names) + f" {'MPI':>9s}  fastest (ratio)")
@@ -323,16 +365,18 @@ def main(argv=None):
     budget = args.budget or (0.02 if args.quick else 0.05)
     layout = node_layout(comm)
     machines = len(layout) > 1
+    np.seterr(over="ignore", invalid="ignore")  # repeated in-place sums grow to inf: harmless here
     if args.tune:
+        piece, piece_seconds = tune_piece(comm, budget, args.rounds)
         rows = tune(comm, sizes, budget, args.rounds, len(layout))
         if comm.rank == 0:
             tuning.write(args.tune, n_ranks := comm.size, len(layout), rows,
-                         MPI.Get_library_version().splitlines()[0].strip())
-            print_tuning(rows, n_ranks, args.tune)
+                         MPI.Get_library_version().splitlines()[0].strip(), piece,
+                         {str(p): {str(n): t for n, t in times.items()} for p, times in piece_seconds.items()})
+            print_tuning(rows, n_ranks, args.tune, piece, piece_seconds)
         return 0
     default = ALL_REDUCE_ALGOS + ["auto+spin"] + ["hierarchical"] * machines
     algorithms = args.algorithms or default
-    np.seterr(over="ignore", invalid="ignore")  # repeated in-place sums grow to inf: harmless here
     n = comm.size
     link, alpha, beta, gamma = fit_link(comm, sizes, budget, args.rounds)
     records = list(link)

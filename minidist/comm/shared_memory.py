@@ -32,7 +32,7 @@ Three details make it correct:
 * Memory order: the data must be visible before the flag. x86 keeps stores in order; the
   window's `Sync` (a memory barrier) makes it hold on any CPU.
 
-Arrays larger than a piece (64 KB x N^2) go through the window piece after piece, one call
+Arrays larger than a piece (64 KB x N^2, or the tuning table's measured piece) go through the window piece after piece, one call
 number each. Traffic is counted as the bytes other ranks read of what this rank wrote, so
 that it compares with the message algorithms (kind "all_reduce.shared_memory").
 """
@@ -43,6 +43,7 @@ import atexit
 import numpy as np
 from mpi4py import MPI
 
+from minidist.comm import tuning
 from minidist.comm.algorithms import chunk_bounds
 from minidist.comm.errors import CommTimeout
 from minidist.comm.world import global_rank
@@ -52,6 +53,7 @@ SMALL = 64 << 10   # up to this size: one handshake, everyone reduces everything
 # Large arrays go in pieces of 64 KB x N^2 (256 KB on 2 ranks, 1 MB on 4): small enough to stay
 # in the CPU's cache between the copies and the adds, large enough that the handshakes (which
 # grow with N: more ranks must be scheduled on the same cores) stay a small part of each piece.
+# A tuning table's measured piece replaces it (tuning.py, `bench collectives --tune`).
 PIECE_PER_RANK_SQUARED = 64 << 10
 ARRIVED, REDUCED = 0, 1
 # Waiting for a flag yields the core at once instead of polling flat out for the polite wait's
@@ -144,7 +146,13 @@ class SharedWindow:
         self.in_flight = None   # the asynchronous Work still using the window, if any
         self.ctx = None         # the collectives' call context, made once (collectives._run_in_order)
         self.capacity, self.win = 0, None
-        self.piece = PIECE_PER_RANK_SQUARED * self.size ** 2
+        self.piece = tuning.piece(self.size) or PIECE_PER_RANK_SQUARED * self.size ** 2
+
+    def set_piece(self, nbytes: int):
+        """Send large arrays through in pieces of `nbytes` from the next call on (collective: every
+        rank of the group, at the same point; `bench collectives --tune` times several)."""
+        self.free()
+        self.piece = nbytes
 
     def ensure(self, nbytes: int):
         """Grow the window to hold a piece of min(nbytes, self.piece) bytes. Allocating is a

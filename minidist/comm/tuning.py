@@ -10,7 +10,11 @@ for each group size and message size, the algorithm measured fastest (MPICH read
     export MINIDIST_TUNING=$PWD/tuning.json                                # every job after reads it
 
 `--tune` times every all-reduce algorithm at each size and keeps the fastest; a second run with
-another number of ranks adds its own table to the same file. With MINIDIST_TUNING set, `auto`
+another number of ranks adds its own table to the same file. On one machine it first times the
+shared-memory all-reduce's piece size (how much of a large array goes through the window per
+handshake, `shared_memory.py`) and keeps the fastest as the table's `piece_bytes`, which the window
+then uses: like NCCL's buffer size, the best piece depends on the machine's caches and on how
+dearly a handshake is paid there, so it is measured rather than guessed. With MINIDIST_TUNING set, `auto`
 looks up the table of its group (ranks, machines) and takes the entry of the largest measured size
 not above the array's (the smallest measured size below that); a group the file has no table for
 falls back to the built-in choice. Every rank reads the same file (mpiexec passes the variable to
@@ -19,7 +23,7 @@ all of them): on several machines the file must be the same everywhere, or ranks
 The file, JSON:
 
     {"format": "minidist-all-reduce-tuning/1",
-     "tables": [{"ranks": 2, "machines": 1, "mpi": "MPICH Version: 4.3.0",
+     "tables": [{"ranks": 2, "machines": 1, "mpi": "MPICH Version: 4.3.0", "piece_bytes": 1048576,
                  "sizes": [{"bytes": 1024, "algorithm": "shared_memory",
                             "seconds": {"ring": 1.1e-05, "shared_memory": 4.2e-06, ...}}, ...]}]}
 """
@@ -32,6 +36,7 @@ import os
 
 FORMAT = "minidist-all-reduce-tuning/1"
 ENV = "MINIDIST_TUNING"
+PIECE_RANGE = (64 << 10, 1 << 30)  # a piece the window accepts: from one small array's slot to 1 GiB
 
 
 class TuningError(ValueError):
@@ -47,8 +52,8 @@ def table_path() -> str | None:
 
 @functools.lru_cache(maxsize=8)
 def _read(path: str, known: tuple) -> dict:
-    """{(ranks, machines): ([bytes ascending], [algorithm])}, checked (the algorithms against
-    `known`, when given). Read once per process: a file that changed under a running job would
+    """{(ranks, machines): ([bytes ascending], [algorithm], piece bytes or None)}, checked (the
+    algorithms against `known`, when given). Read once per process: a file that changed under a running job would
     make its ranks disagree."""
     def bad(why: str):
         return TuningError(f"{ENV}={path}: {why} (write it with `mpirun -n N python -m minidist.bench "
@@ -74,7 +79,12 @@ def _read(path: str, known: tuple) -> dict:
         if unknown or not rows:
             raise bad(f"table {i} ({key[0]} ranks) names no algorithm" if not rows else
                       f"table {i} ({key[0]} ranks) names unknown algorithms {unknown}; choose from {sorted(known)}")
-        tables[key] = ([b for b, _ in rows], [a for _, a in rows])
+        piece = table.get("piece_bytes")
+        if piece is not None and not (isinstance(piece, int) and not isinstance(piece, bool)
+                                      and PIECE_RANGE[0] <= piece <= PIECE_RANGE[1] and piece % 64 == 0):
+            raise bad(f"table {i} ({key[0]} ranks): piece_bytes must be a multiple of 64 from "
+                      f"{PIECE_RANGE[0]} to {PIECE_RANGE[1]}, got {piece!r}")
+        tables[key] = ([b for b, _ in rows], [a for _, a in rows], piece)
     return tables
 
 
@@ -92,20 +102,32 @@ def lookup(ranks: int, machines: int, nbytes: int, path: str | None = None, know
     table = load(path, known).get((ranks, machines))
     if table is None:
         return None
-    sizes, algorithms = table
+    sizes, algorithms, _ = table
     return algorithms[max(0, bisect.bisect_right(sizes, nbytes) - 1)]
 
 
-def write(path: str, ranks: int, machines: int, rows: list[dict], mpi: str = "") -> dict:
+def piece(ranks: int, machines: int = 1, path: str | None = None) -> int | None:
+    """The shared-memory window's measured piece size for a group of `ranks` on `machines` (the
+    table's `piece_bytes`); None without a table or a measured piece (the built-in size)."""
+    table = load(path).get((ranks, machines))
+    return None if table is None else table[2]
+
+
+def write(path: str, ranks: int, machines: int, rows: list[dict], mpi: str = "", piece: int | None = None,
+          piece_seconds: dict | None = None) -> dict:
     """Add (or replace) the table of (ranks, machines) in the file at `path`, keeping the others;
-    `rows` are {"bytes", "algorithm", "seconds"}. Written whole to a temporary file, then renamed."""
+    `rows` are {"bytes", "algorithm", "seconds"}; `piece`, where measured, the shared-memory piece
+    chosen, and `piece_seconds` what each piece took. Written whole to a temporary file, then renamed."""
     tables = []
     if os.path.exists(path):
         _read.cache_clear()
         load(path)  # an unusable file is reported, not overwritten
         with open(path, encoding="utf-8") as f:
             tables = [t for t in json.load(f)["tables"] if (t["ranks"], t["machines"]) != (ranks, machines)]
-    tables.append({"ranks": ranks, "machines": machines, "mpi": mpi, "sizes": rows})
+    table = {"ranks": ranks, "machines": machines, "mpi": mpi, "sizes": rows}
+    if piece:
+        table.update(piece_bytes=piece, piece_seconds=piece_seconds or {})
+    tables.append(table)
     tables.sort(key=lambda t: (t["machines"], t["ranks"]))
     data = {"format": FORMAT, "tables": tables}
     temporary = f"{path}.tmp{os.getpid()}"
