@@ -110,11 +110,11 @@ def test_tune_writes_a_table_auto_then_follows(tmp_path):
         assert set(row["seconds"]) == {"naive", "tree", "recursive_doubling", "halving_doubling", "ring",
                                        "shared_memory"}
     assert "MINIDIST_TUNING=" in proc.stdout and "fastest" in proc.stdout
-    # the window's piece, timed first: half to 16 times the built-in 256 KB on 1, 4 and 16 MB arrays;
+    # the window's piece, timed first: half to 16 times the built-in 512 KB on 1, 4 and 16 MB arrays;
     # chosen for the least time relative to the best piece at each size
     table = data["tables"][0]
     seconds = {int(p): {int(n): t for n, t in times.items()} for p, times in table["piece_seconds"].items()}
-    assert sorted(seconds) == [128 << 10, 256 << 10, 512 << 10, 1 << 20, 2 << 20, 4 << 20]
+    assert sorted(seconds) == [256 << 10, 512 << 10, 1 << 20, 2 << 20, 4 << 20, 8 << 20]
     assert all(sorted(times) == [1 << 20, 4 << 20, 16 << 20] for times in seconds.values())
     best = {n: min(times[n] for times in seconds.values()) for n in (1 << 20, 4 << 20, 16 << 20)}
     assert table["piece_bytes"] == min(seconds, key=lambda p: sum(seconds[p][n] / best[n] for n in best))
@@ -160,13 +160,13 @@ def piece_rank_program(nbytes):
 
 @pytest.mark.parametrize("piece", [None, 128 << 10, 4 << 20])
 def test_the_window_goes_by_the_tables_piece_and_still_equals_mpi(tmp_path, monkeypatch, piece):
-    """2 ranks, a 3 MB array: the built-in 256 KB piece (12 pieces), the table's 128 KB (24) or 4 MB (1)."""
+    """2 ranks, a 3 MB array: the built-in 512 KB piece (6 pieces), the table's 128 KB (24) or 4 MB (1)."""
     rows = [{"bytes": 4, "algorithm": "shared_memory", "seconds": {"shared_memory": 1e-5}}]
     path = str(tmp_path / "t.json")
     tuning.write(path, 2, 1, rows, piece=piece)
     monkeypatch.setenv("MINIDIST_TUNING", path)
     nbytes = 3 << 20
-    expected_piece = piece or 256 << 10
+    expected_piece = piece or 512 << 10
     for rank in run(piece_rank_program, 2, nbytes, timeout=120):
         assert rank["piece"] == expected_piece and rank["pieces"] == -(-nbytes // expected_piece)
         assert rank["error"] < 1e-4

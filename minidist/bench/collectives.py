@@ -8,7 +8,9 @@ For every size and algorithm it prints the time per call, the bus bandwidth, MPI
 Allreduce / Reduce_scatter / Allgather measured in the same run, the ratio (ours / MPI, lower
 is better) and the alpha-beta prediction. Timing: every rank runs `reps` calls back to back;
 a call's time is the slowest rank's mean; ours and MPI's alternate for `rounds` rounds and the
-best round of each is kept (these machines are noisy and shared).
+best round of each is kept (these machines are noisy and shared). The all-reduce algorithms of
+one size take their turns together (`compare_many`: each of them, then MPI's, round after round),
+so that they can be compared with each other as well as with MPI.
 
 Fair comparison: both run in the same processes, on the same float32 buffers, after a warm-up,
 with the mismatch check off (MPI does not check either) and with the malloc tuning of
@@ -112,6 +114,36 @@ def compare(ours, theirs, comm, budget: float, rounds: int) -> tuple[float, floa
     return best[0], best[1]
 
 
+def compare_many(calls: dict, theirs, comm, budget: float, rounds: int, policies: dict | None = None):
+    """({name: our seconds}, MPI's seconds) per call, for several of ours side by side: in every
+    round each of ours and then MPI's in turn, each one's best kept, so that algorithms compared
+    with each other met the same minutes of a noisy machine (timed one after another, a busy
+    minute could fall on one and spare the next). `policies`: the wait policy each call runs under
+    (`dist.set_wait_policy` keywords; the polite wait otherwise)."""
+    policies = policies or {}
+
+    def reps_for(fn) -> int:
+        fn()  # warm-up: buffers touched, communicators made
+        once = np.array([timed(fn, 1, comm)])
+        comm.Bcast(once, root=0)  # every rank must agree on reps
+        return int(max(1, min(2000, budget / max(once[0], 1e-7))))
+
+    reps = {}
+    for name, fn in calls.items():
+        dist.set_wait_policy(**policies.get(name, {"polite": True}))
+        reps[name] = reps_for(fn)
+        dist.set_wait_policy(polite=True)
+    mpi_reps = reps_for(theirs)
+    best, best_mpi = dict.fromkeys(calls, float("inf")), float("inf")
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            dist.set_wait_policy(**policies.get(name, {"polite": True}))
+            best[name] = min(best[name], timed(fn, reps[name], comm))
+            dist.set_wait_policy(polite=True)
+            best_mpi = min(best_mpi, timed(theirs, mpi_reps, comm))
+    return best, best_mpi
+
+
 def sent_per_call(call, comm) -> float:
     """The most bytes any rank sends in one call (from minidist's traffic counters)."""
     traffic.reset()
@@ -205,12 +237,13 @@ def bench_size(comm, nbytes, budget, rounds, algorithms):
     gathered = np.empty(count, np.float32)
     mpi_allreduce = lambda: comm.Allreduce(x, mpi_out, op=MPI.SUM)  # noqa: E731
     out = []
-    for algo in algorithms:
-        polite = not algo.endswith("+spin")
-        name = algo.replace("+spin", "")
-        dist.set_wait_policy(polite=polite)
-        ours = lambda: dist.all_reduce(work, algorithm=name)  # noqa: E731
-        out.append(("all_reduce", algo, compare(ours, mpi_allreduce, comm, budget, rounds), sent_per_call(ours, comm)))
+    # every all-reduce algorithm side by side, round by round ('+spin': MPI's spinning wait)
+    calls = {algo: (lambda name=algo.replace("+spin", ""): dist.all_reduce(work, algorithm=name)) for algo in algorithms}
+    policies = {algo: {"polite": False} for algo in algorithms if algo.endswith("+spin")}
+    seconds, t_mpi = compare_many(calls, mpi_allreduce, comm, budget, rounds, policies)
+    for algo, ours in calls.items():
+        dist.set_wait_policy(**policies.get(algo, {"polite": True}))
+        out.append(("all_reduce", algo, (seconds[algo], t_mpi), sent_per_call(ours, comm)))
         dist.set_wait_policy(polite=True)
     ours = lambda: dist.reduce_scatter(x, out=chunk)  # noqa: E731
     mpi = lambda: comm.Reduce_scatter(x, mpi_chunk, counts, op=MPI.SUM)  # noqa: E731
@@ -236,18 +269,15 @@ def tune(comm, sizes, budget, rounds, machines: int) -> list[dict]:
     for nbytes in sizes:
         x = np.random.default_rng(comm.rank).standard_normal(nbytes // 4).astype(np.float32)
         work, mpi_out = x.copy(), np.empty_like(x)
-        seconds, mpi = {}, []
-        for name in candidates:
-            t, t_mpi = compare(lambda: dist.all_reduce(work, algorithm=name),  # noqa: B023
-                               lambda: comm.Allreduce(x, mpi_out, op=MPI.SUM), comm, budget, rounds)
-            seconds[name] = t
-            mpi.append(t_mpi)
+        calls = {name: (lambda name=name: dist.all_reduce(work, algorithm=name)) for name in candidates}
+        seconds, t_mpi = compare_many(calls, lambda: comm.Allreduce(x, mpi_out, op=MPI.SUM),  # noqa: B023
+                                      comm, budget, rounds)
         rows.append({"bytes": nbytes, "algorithm": min(seconds, key=seconds.get), "seconds": seconds,
-                     "mpi_seconds": min(mpi)})
+                     "mpi_seconds": t_mpi})
     return rows
 
 
-PIECE_FACTORS = (0.5, 1, 2, 4, 8, 16)  # --tune times the built-in piece (64 KB x N^2) times each
+PIECE_FACTORS = (0.5, 1, 2, 4, 8, 16)  # --tune times the built-in piece (128 KB x N^2) times each
 PIECE_SIZES = (1 << 20, 4 << 20, 16 << 20)  # on arrays of these sizes
 
 

@@ -32,8 +32,8 @@ Three details make it correct:
 * Memory order: the data must be visible before the flag. x86 keeps stores in order; the
   window's `Sync` (a memory barrier) makes it hold on any CPU.
 
-Arrays larger than a piece (64 KB x N^2, or the tuning table's measured piece) go through the window piece after piece, one call
-number each. Traffic is counted as the bytes other ranks read of what this rank wrote, so
+Arrays larger than a piece (128 KB x N^2, or the tuning table's measured piece) go through the
+window piece after piece, one call number each. Traffic is counted as the bytes other ranks read of what this rank wrote, so
 that it compares with the message algorithms (kind "all_reduce.shared_memory").
 """
 from __future__ import annotations
@@ -50,11 +50,11 @@ from minidist.comm.world import global_rank
 
 LINE = 64          # one flag per cache line, so raising mine does not disturb my neighbour's
 SMALL = 64 << 10   # up to this size: one handshake, everyone reduces everything
-# Large arrays go in pieces of 64 KB x N^2 (256 KB on 2 ranks, 1 MB on 4): small enough to stay
+# Large arrays go in pieces of 128 KB x N^2 (512 KB on 2 ranks, 2 MB on 4): small enough to stay
 # in the CPU's cache between the copies and the adds, large enough that the handshakes (which
 # grow with N: more ranks must be scheduled on the same cores) stay a small part of each piece.
 # A tuning table's measured piece replaces it (tuning.py, `bench collectives --tune`).
-PIECE_PER_RANK_SQUARED = 64 << 10
+PIECE_PER_RANK_SQUARED = 128 << 10
 ARRIVED, REDUCED = 0, 1
 # Waiting for a flag yields the core at once instead of polling flat out for the polite wait's
 # 5 us first (waiting.py): the rank that will raise it shares our core as often as not (4 ranks
