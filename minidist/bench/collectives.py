@@ -238,7 +238,8 @@ def bench_size(comm, nbytes, budget, rounds, algorithms):
     mpi_allreduce = lambda: comm.Allreduce(x, mpi_out, op=MPI.SUM)  # noqa: E731
     out = []
     # every all-reduce algorithm side by side, round by round ('+spin': MPI's spinning wait)
-    calls = {algo: (lambda name=algo.replace("+spin", ""): dist.all_reduce(work, algorithm=name)) for algo in algorithms}
+    calls = {algo: (lambda name=algo.replace("+spin", ""): dist.all_reduce(work, algorithm=name))
+             for algo in algorithms}
     policies = {algo: {"polite": False} for algo in algorithms if algo.endswith("+spin")}
     seconds, t_mpi = compare_many(calls, mpi_allreduce, comm, budget, rounds, policies)
     for algo, ours in calls.items():

@@ -33,8 +33,9 @@ Three details make it correct:
   window's `Sync` (a memory barrier) makes it hold on any CPU.
 
 Arrays larger than a piece (128 KB x N^2, or the tuning table's measured piece) go through the
-window piece after piece, one call number each. Traffic is counted as the bytes other ranks read of what this rank wrote, so
-that it compares with the message algorithms (kind "all_reduce.shared_memory").
+window piece after piece, one call number each. Traffic is counted as the bytes other ranks read
+of what this rank wrote, so that it compares with the message algorithms (kind
+"all_reduce.shared_memory").
 """
 from __future__ import annotations
 
@@ -151,6 +152,8 @@ class SharedWindow:
     def set_piece(self, nbytes: int):
         """Send large arrays through in pieces of `nbytes` from the next call on (collective: every
         rank of the group, at the same point; `bench collectives --tune` times several)."""
+        if self.in_flight is not None:
+            raise RuntimeError("set_piece: an asynchronous all_reduce still uses the window; wait for it first")
         self.free()
         self.piece = nbytes
 

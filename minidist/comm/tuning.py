@@ -14,11 +14,13 @@ another number of ranks adds its own table to the same file. On one machine it f
 shared-memory all-reduce's piece size (how much of a large array goes through the window per
 handshake, `shared_memory.py`) and keeps the fastest as the table's `piece_bytes`, which the window
 then uses: like NCCL's buffer size, the best piece depends on the machine's caches and on how
-dearly a handshake is paid there, so it is measured rather than guessed. With MINIDIST_TUNING set, `auto`
-looks up the table of its group (ranks, machines) and takes the entry of the largest measured size
-not above the array's (the smallest measured size below that); a group the file has no table for
-falls back to the built-in choice. Every rank reads the same file (mpiexec passes the variable to
-all of them): on several machines the file must be the same everywhere, or ranks would disagree.
+dearly a handshake is paid there, so it is measured rather than guessed.
+
+With MINIDIST_TUNING set, `auto` looks up the table of its group (ranks, machines) and takes the
+entry of the largest measured size not above the array's (the smallest measured size below that);
+a group the file has no table for falls back to the built-in choice. Every rank reads the same
+file (mpiexec passes the variable to all of them): on several machines the file must be the same
+everywhere, or ranks would disagree.
 
 The file, JSON:
 
@@ -53,8 +55,8 @@ def table_path() -> str | None:
 @functools.lru_cache(maxsize=8)
 def _read(path: str, known: tuple) -> dict:
     """{(ranks, machines): ([bytes ascending], [algorithm], piece bytes or None)}, checked (the
-    algorithms against `known`, when given). Read once per process: a file that changed under a running job would
-    make its ranks disagree."""
+    algorithms against `known`, when given). Read once per process: a file that changed under a
+    running job would make its ranks disagree."""
     def bad(why: str):
         return TuningError(f"{ENV}={path}: {why} (write it with `mpirun -n N python -m minidist.bench "
                            "collectives --tune PATH`, or unset the variable)")
