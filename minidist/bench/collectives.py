@@ -101,12 +101,19 @@ def timed(fn, reps: int, comm) -> float:
     return float(slowest[0])
 
 
+def reps_for(fn, comm, budget: float, most: int = 2000) -> int:
+    """How many calls of `fn` back to back fill about `budget` seconds, after a warm-up call
+    (buffers touched, communicators made); rank 0's count, so that every rank makes as many."""
+    fn()
+    once = np.array([timed(fn, 1, comm)])
+    comm.Bcast(once, root=0)
+    return int(max(1, min(most, budget / max(once[0], 1e-7))))
+
+
 def compare(ours, theirs, comm, budget: float, rounds: int) -> tuple[float, float]:
     """(our seconds, MPI's seconds) per call: alternate rounds, keep each one's best."""
-    ours(), theirs()  # warm-up: buffers touched, communicators made
-    once = np.array([timed(ours, 1, comm)])
-    comm.Bcast(once, root=0)  # every rank must agree on reps
-    reps = int(max(1, min(2000, budget / max(once[0], 1e-7))))
+    theirs()  # warm-up (ours: in reps_for)
+    reps = reps_for(ours, comm, budget)
     best = [float("inf"), float("inf")]
     for _ in range(rounds):
         best[0] = min(best[0], timed(ours, reps, comm))
@@ -121,19 +128,12 @@ def compare_many(calls: dict, theirs, comm, budget: float, rounds: int, policies
     minute could fall on one and spare the next). `policies`: the wait policy each call runs under
     (`dist.set_wait_policy` keywords; the polite wait otherwise)."""
     policies = policies or {}
-
-    def reps_for(fn) -> int:
-        fn()  # warm-up: buffers touched, communicators made
-        once = np.array([timed(fn, 1, comm)])
-        comm.Bcast(once, root=0)  # every rank must agree on reps
-        return int(max(1, min(2000, budget / max(once[0], 1e-7))))
-
     reps = {}
     for name, fn in calls.items():
         dist.set_wait_policy(**policies.get(name, {"polite": True}))
-        reps[name] = reps_for(fn)
+        reps[name] = reps_for(fn, comm, budget)
         dist.set_wait_policy(polite=True)
-    mpi_reps = reps_for(theirs)
+    mpi_reps = reps_for(theirs, comm, budget)
     best, best_mpi = dict.fromkeys(calls, float("inf")), float("inf")
     for _ in range(rounds):
         for name, fn in calls.items():
@@ -301,10 +301,7 @@ def tune_piece(comm, budget, rounds) -> tuple[int | None, dict]:
             shared.set_piece(p)
             for x in arrays:
                 call = lambda: dist.all_reduce(x, algorithm="shared_memory")  # noqa: E731, B023
-                call()  # the window grown to this piece before the clock starts
-                once = np.array([timed(call, 1, comm)])
-                comm.Bcast(once, root=0)  # every rank must agree on reps
-                reps = int(max(1, min(200, budget / max(once[0], 1e-7))))
+                reps = reps_for(call, comm, budget, most=200)  # its warm-up grows the window to this piece
                 seconds[p][x.nbytes] = min(seconds[p][x.nbytes], timed(call, reps, comm))
     best_at = {x.nbytes: min(seconds[p][x.nbytes] for p in pieces) for x in arrays}
     best = min(pieces, key=lambda p: sum(seconds[p][n] / best_at[n] for n in best_at))
