@@ -215,6 +215,24 @@ def fit_two_levels(comm, layout, sizes, budget, rounds):
 TWO_LEVEL = ("ring", "hierarchical")  # the all-reduces cost.predict_two_level knows
 
 
+def auto_against_fastest(records) -> list[dict]:
+    """Mark each `auto` all-reduce record with minidist's fastest other algorithm of its size in the
+    same run (`fastest_algorithm`) and auto's time over that one's (`of_fastest`): a choice
+    should lose little to the best it could have made. Returns the marked records (none where
+    auto or nothing to set it against was timed)."""
+    marked = []
+    for x in records:
+        if x["collective"] != "all_reduce" or x["algorithm"] != "auto":
+            continue
+        others = [y for y in records if y["collective"] == "all_reduce" and y["bytes"] == x["bytes"]
+                  and not y["algorithm"].startswith("auto")]
+        if others:
+            fastest = min(others, key=lambda y: y["seconds"])
+            x.update(fastest_algorithm=fastest["algorithm"], of_fastest=x["seconds"] / fastest["seconds"])
+            marked.append(x)
+    return marked
+
+
 def two_level_prediction(algorithm, layout, nbytes, fit) -> float:
     """The two-level model's seconds for `algorithm` on `layout`; on one machine the inside
     level is the pairwise fit."""
@@ -426,6 +444,7 @@ def main(argv=None):
                                 malloc_tuned=tuned, **fit))
             if machines and two_level is not None:
                 records[-1]["predicted_two_level_seconds"] = two_level
+    chosen_against_fastest = auto_against_fastest(records)
     for x in link:
         x.update(ratio=x["seconds"] / x["mpi_seconds"], predicted_seconds=alpha + x["bytes"] * beta)
     for x in records:
@@ -448,5 +467,9 @@ def main(argv=None):
                   f"{x['mpi_seconds'] * 1e6:10.1f} {x['seconds'] / x['mpi_seconds']:6.2f} "
                   f"{x.get('busbw', 0) / 1e9:10.3f} {x.get('predicted_seconds', x['seconds']) * 1e6:10.1f} "
                   f"{human(x['bytes_sent_per_rank']):>10s}")
+        if chosen_against_fastest:
+            print("auto against minidist's fastest algorithm of the same size in this run: "
+                  + ", ".join(f"{human(x['bytes'])} {x['of_fastest']:.2f}x ({x['fastest_algorithm']})"
+                              for x in chosen_against_fastest))
         write_records(args.json, records)
     return 0
