@@ -111,14 +111,10 @@ def reps_for(fn, comm, budget: float, most: int = 2000) -> int:
 
 
 def compare(ours, theirs, comm, budget: float, rounds: int) -> tuple[float, float]:
-    """(our seconds, MPI's seconds) per call: alternate rounds, keep each one's best."""
-    theirs()  # warm-up (ours: in reps_for)
-    reps = reps_for(ours, comm, budget)
-    best = [float("inf"), float("inf")]
-    for _ in range(rounds):
-        best[0] = min(best[0], timed(ours, reps, comm))
-        best[1] = min(best[1], timed(theirs, reps, comm))
-    return best[0], best[1]
+    """(our seconds, MPI's seconds) per call: alternate rounds, keep each one's best
+    (`compare_many` with one call of ours)."""
+    best, best_mpi = compare_many({"ours": ours}, theirs, comm, budget, rounds)
+    return best["ours"], best_mpi
 
 
 def compare_many(calls: dict, theirs, comm, budget: float, rounds: int, policies: dict | None = None):
