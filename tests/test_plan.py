@@ -345,7 +345,8 @@ DECISIONS = [  # chapter 9, "Which framework, which layout": (model, batch, prec
     pytest.param(dict(vocab_size=51200, block_size=2048, n_layer=96, n_head=96, n_embd=12288), 1536, False, 1024,
                  (0, 1, 2, 3), "dp32-tp8-pp4-zero1-m48", id="175b-1024"),
     pytest.param(dict(vocab_size=51200, block_size=2048, n_layer=128, n_head=160, n_embd=25600), 3072, True, 3072, (0, 1),
-                 "dp24-tp8-pp16-zero1-m128-interleaved-v4", id="1t-3072", marks=pytest.mark.full),
+                 # notebook 09 asserts the same row in the full tier; here it is one of the extended cases
+                 "dp24-tp8-pp16-zero1-m128-interleaved-v4", id="1t-3072", marks=pytest.mark.extended),
 ]
 
 

@@ -221,6 +221,9 @@ def peak_in_flight(schedule: list[Instruction]) -> int:
 
 # ----------------------------------------------------------------------------- checking
 
+# a message's direction in virtual stages, and the instruction that meets it at the other end
+_TRAVEL = {SEND_ACT: (1, RECV_ACT), RECV_ACT: (-1, SEND_ACT), SEND_GRAD: (-1, RECV_GRAD), RECV_GRAD: (1, SEND_GRAD)}
+
 
 def peer_of(ins: Instruction, rank: int, stages: int) -> tuple[int, Instruction]:
     """Where a message goes (or comes from), and the instruction that matches it there.
@@ -228,8 +231,7 @@ def peer_of(ins: Instruction, rank: int, stages: int) -> tuple[int, Instruction]
     Counted in virtual stages s = chunk * p + rank: activations go from s to s + 1, gradients from
     s to s - 1. With one chunk per rank that is rank r + 1 or r - 1; interleaved, the last rank's
     chunk c sends on to rank 0's chunk c + 1 (the pipeline wraps around)."""
-    step, match = {SEND_ACT: (1, RECV_ACT), RECV_ACT: (-1, SEND_ACT),
-                   SEND_GRAD: (-1, RECV_GRAD), RECV_GRAD: (1, SEND_GRAD)}[ins.kind]
+    step, match = _TRAVEL[ins.kind]
     chunk, peer = divmod(ins.chunk * stages + rank + step, stages)
     return peer, Instruction(match, ins.micro, chunk)
 
