@@ -126,16 +126,14 @@ def compare_many(calls: dict, theirs, comm, budget: float, rounds: int, policies
     policies = policies or {}
     reps = {}
     for name, fn in calls.items():
-        dist.set_wait_policy(**policies.get(name, {"polite": True}))
-        reps[name] = reps_for(fn, comm, budget)
-        dist.set_wait_policy(polite=True)
+        with dist.waiting_as(**policies.get(name, {"polite": True})):
+            reps[name] = reps_for(fn, comm, budget)
     mpi_reps = reps_for(theirs, comm, budget)
     best, best_mpi = dict.fromkeys(calls, float("inf")), float("inf")
     for _ in range(rounds):
         for name, fn in calls.items():
-            dist.set_wait_policy(**policies.get(name, {"polite": True}))
-            best[name] = min(best[name], timed(fn, reps[name], comm))
-            dist.set_wait_policy(polite=True)
+            with dist.waiting_as(**policies.get(name, {"polite": True})):
+                best[name] = min(best[name], timed(fn, reps[name], comm))
             best_mpi = min(best_mpi, timed(theirs, mpi_reps, comm))
     return best, best_mpi
 
@@ -257,9 +255,8 @@ def bench_size(comm, nbytes, budget, rounds, algorithms):
     policies = {algo: {"polite": False} for algo in algorithms if algo.endswith("+spin")}
     seconds, t_mpi = compare_many(calls, mpi_allreduce, comm, budget, rounds, policies)
     for algo, ours in calls.items():
-        dist.set_wait_policy(**policies.get(algo, {"polite": True}))
-        out.append(("all_reduce", algo, (seconds[algo], t_mpi), sent_per_call(ours, comm)))
-        dist.set_wait_policy(polite=True)
+        with dist.waiting_as(**policies.get(algo, {"polite": True})):
+            out.append(("all_reduce", algo, (seconds[algo], t_mpi), sent_per_call(ours, comm)))
     ours = lambda: dist.reduce_scatter(x, out=chunk)  # noqa: E731
     mpi = lambda: comm.Reduce_scatter(x, mpi_chunk, counts, op=MPI.SUM)  # noqa: E731
     out.append(("reduce_scatter", "ring", compare(ours, mpi, comm, budget, rounds), sent_per_call(ours, comm)))

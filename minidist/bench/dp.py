@@ -109,11 +109,10 @@ def rank_program(modes: list[str], steps: int, warmup: int, batch: int, bucket_k
         idle = False
         for s in range(warmup + steps):
             for mode, trainer in trainers.items():
-                if idle:  # this rank had no work last turn: it waits here for the serial run
-                    previous = dist.set_wait_policy(**idle_policy)
-                dist.barrier()  # everyone starts the step together (not timed, not counted)
-                if idle:
-                    dist.set_wait_policy(**previous)
+                # everyone starts the step together (not timed, not counted); a rank that had no work
+                # last turn waits here for the serial run, asleep soon
+                with dist.waiting_as(**(idle_policy if idle else {})):
+                    dist.barrier()
                 idle = trainer is None
                 before = traffic.snapshot()["total"]
                 split = "/".join(map(str, trainer.rows)) if getattr(trainer, "balancer", None) else None

@@ -24,13 +24,13 @@ from minidist.comm.collectives import (Work, all_gather, all_reduce, all_reduce_
 from minidist.comm.consistency import set_check, unchecked
 from minidist.comm.errors import CollectiveMismatch, CommTimeout
 from minidist.comm.p2p import irecv, isend, recv, send, sendrecv
-from minidist.comm.waiting import Request, set_wait_policy, wait, wait_policy
+from minidist.comm.waiting import Request, set_wait_policy, wait, wait_policy, waiting_as
 from minidist.comm.world import VerifiedGroup, World, get_rank, get_world, get_world_size
 
 __all__ = [
     "World", "VerifiedGroup", "get_world", "get_rank", "get_world_size",
     "send", "recv", "isend", "irecv", "sendrecv", "wait", "Request", "CommTimeout",
-    "set_wait_policy", "wait_policy",
+    "set_wait_policy", "wait_policy", "waiting_as",
     "all_reduce", "all_reduce_algorithm", "any_rank", "choose_all_reduce", "reduce", "broadcast", "reduce_scatter", "all_gather", "all_to_all", "barrier",
     "Work", "CollectiveMismatch", "set_check", "unchecked",
 ]

@@ -32,6 +32,7 @@ MINIDIST_POLITE=0 (fall back to MPI's spinning `Waitall`, for comparison).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -73,6 +74,17 @@ def set_wait_policy(busy=None, spin=None, max_sleep=None, timeout=None, polite=N
 
 def wait_policy() -> dict:
     return dict(busy=_Policy.busy, spin=_Policy.spin, max_sleep=_Policy.max_sleep, timeout=_Policy.timeout, polite=_Policy.polite)
+
+
+@contextlib.contextmanager
+def waiting_as(**policy):
+    """Inside the block every wait of this rank follows `policy` (`set_wait_policy`'s keywords);
+    the previous policy comes back after it, also on an error."""
+    previous = set_wait_policy(**policy)
+    try:
+        yield
+    finally:
+        set_wait_policy(**previous)
 
 
 class Request:
