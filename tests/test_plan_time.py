@@ -341,7 +341,8 @@ def test_serial_steps_in_turn_keep_the_baselines_fastest_and_the_median_differen
 
 def test_two_measurements_of_the_yardsticks_keep_the_least_disturbed():
     """bench plan measures its yardsticks before the layouts and after each pass: every time the smallest,
-    every speed the largest, the serial steps as one set, the strategies' costs (differences of times) their mean."""
+    every speed the largest, the serial steps as one set, the strategies' costs (differences of times) their
+    mean, the cores that shared ranks get (a ratio of times taken in turns) the median."""
     from minidist.bench.plan import least_disturbed
     first = {"serial": {"batch": 0.08, "one": 0.010}, "accumulated": 8, "peak": 1e11, "streamed": 3e10,
              "gemms": [(1e6, 2e-5), (4e6, 5e-5)], "cores": 2, "all_reduce": [3e-5, 9e-5], "message": 2e-4,
@@ -351,7 +352,8 @@ def test_two_measurements_of_the_yardsticks_keep_the_least_disturbed():
               "effective_cores": 1.9, "engine": 8e-5, "drain": 7e-3, "strategies": {"tp": 1e-4, "zero3": 2e-3}}
     merged = least_disturbed(first, second)
     assert merged["serial"] == {"batch": 0.07, "one": 0.012}  # together, from the faster batch step
-    assert (merged["peak"], merged["streamed"], merged["effective_cores"]) == (1e11, 4e10, 1.9)
+    assert (merged["peak"], merged["streamed"]) == (1e11, 4e10)
+    assert merged["effective_cores"] == pytest.approx(1.85)  # a ratio taken in turns: the median, not the largest
     assert merged["gemms"] == [(1e6, 2e-5), (4e6, 4e-5)] and merged["all_reduce"] == [3e-5, 8e-5]
     assert (merged["message"], merged["engine"], merged["drain"]) == (1e-4, 6e-5, 7e-3)
     assert merged["strategies"] == pytest.approx({"tp": 2e-4, "zero3": 1.5e-3})
@@ -363,6 +365,7 @@ def test_two_measurements_of_the_yardsticks_keep_the_least_disturbed():
     assert merged["serial"] == {"batch": 0.07, "one": 0.012} and merged["gemms"] == [(1e6, 1e-5), (4e6, 4e-5)]
     assert merged["message"] == 5e-5 and merged["strategies"] == pytest.approx({"tp": 1e-3 / 3, "zero3": 2e-3})
     assert merged["serial_each"] == [0.08, 0.07, 0.09]  # each measurement's batch step, for the printout
+    assert merged["effective_cores"] == 1.8 and merged["effective_cores_each"] == [1.8, 1.9, 1.8]
 
 
 def test_the_fitted_wait_at_a_pipelines_end():
@@ -384,3 +387,43 @@ def test_the_fitted_wait_at_a_pipelines_end():
     assert 0 < counted["outside_passes"] < 0.009
     assert cluster.pipeline_sync == pytest.approx(0.009 - counted["outside_passes"])
     assert facts["pipeline_sync_seconds"] == cluster.pipeline_sync
+
+
+def test_the_shared_cores_are_the_median_round_of_ranks_times_alone_over_together():
+    """effective_cores' arithmetic: each round's N x (a step alone) / (every rank's step at once, to
+    the last rank's end), then the median round: 4 ranks taking twice as long together got 2 cores."""
+    from minidist.bench._yardsticks import cores_from_rounds
+    assert cores_from_rounds([(0.03, 0.06), (0.03, 0.08), (0.04, 0.08)], 4) == pytest.approx(2.0)
+    assert cores_from_rounds([(0.03, 0.08), (0.03, 0.06), (0.02, 0.08)], 4) == pytest.approx(1.5)
+
+
+def test_the_shared_steps_yardstick_steps_rank_0_alone_then_every_rank():
+    """time_shared_steps under mpiexec on 2 ranks: in each round rank 0 steps while rank 1 only waits
+    at the barrier, then both step and wait for each other; its wait policy is put back after it."""
+    from minidist.bench._yardsticks import time_shared_steps
+    from minidist.comm.launch import run
+    config = GPTConfig(vocab_size=32, block_size=8, n_layer=1, n_head=2, n_embd=16)
+    ranks = run(_shared_steps_and_policy, 2, time_shared_steps, config, 2, 3, timeout=120)
+    (rounds0, before0, after0), (rounds1, before1, after1) = ranks
+    assert len(rounds0) == len(rounds1) == 3 and before0 == after0 and before1 == after1
+    for (alone0, together0), (alone1, together1) in zip(rounds0, rounds1):
+        assert alone1 < alone0  # rank 1 did not step: it only waited for rank 0 to reach the barrier
+        assert together0 > 0 and together1 > 0
+
+
+def _shared_steps_and_policy(program, config, batch, rounds):
+    from minidist.comm import wait_policy
+    before = wait_policy()
+    return program(config, batch, rounds), before, wait_policy()
+
+
+def test_waiting_as_puts_the_previous_policy_back():
+    from minidist.comm import set_wait_policy, wait_policy, waiting_as
+    before = wait_policy()
+    with waiting_as(spin=0.123, polite=False):
+        assert (wait_policy()["spin"], wait_policy()["polite"]) == (0.123, False)
+    assert wait_policy() == before
+    with pytest.raises(RuntimeError), waiting_as(max_sleep=0.5):
+        raise RuntimeError("inside the block")
+    assert wait_policy() == before
+    set_wait_policy(**before)

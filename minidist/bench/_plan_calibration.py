@@ -69,7 +69,9 @@ def least_disturbed(*measurements: dict) -> dict:
     """Several measurements of the yardsticks (before the layouts and after each pass) as one: each
     time the smallest, each speed the largest, as each layout's step is its fastest; the three serial
     steps together, from the measurement whose batch step was fastest (their fits take differences,
-    which must come from one measurement); the strategies' own costs, differences of two times, their mean."""
+    which must come from one measurement); the strategies' own costs, differences of two times, their mean;
+    the cores shared ranks get, a ratio of two times taken in turns (a disturbance moves it either
+    way), the median."""
     first = measurements[0]
     merged = dict(first)
     merged["serial"] = min((m["serial"] for m in measurements), key=lambda serial: serial["batch"])
@@ -79,8 +81,9 @@ def least_disturbed(*measurements: dict) -> dict:
     merged["all_reduce"] = [min(times) for times in zip(*(m["all_reduce"] for m in measurements))]
     for name in ("message", "engine", "drain"):
         merged[name] = min(m[name] for m in measurements)
-    if first["effective_cores"] is not None:
-        merged["effective_cores"] = max(m["effective_cores"] for m in measurements)
+    if first["effective_cores"] is not None:  # a ratio of two times taken in turns, not a time: the median
+        merged["effective_cores"] = float(np.median([m["effective_cores"] for m in measurements]))
+        merged["effective_cores_each"] = [m["effective_cores"] for m in measurements]
     merged["strategies"] = {name: sum(m["strategies"][name] for m in measurements) / len(measurements)
                             for name in first["strategies"]}
     merged["serial_each"] = [m["serial"]["batch"] for m in measurements]  # how still the machine kept
@@ -142,7 +145,8 @@ def fit_cluster(config: GPTConfig, args, measured: dict) -> tuple[Cluster, dict]
              "gemm_points": [{"flops": f, "seconds": s} for f, s in measured["gemms"]],
              "memory_bandwidth": bandwidth, "memory_bandwidth_measured": measured["streamed"],
              "layer_overhead": overhead, "step_overhead": per_step, "cores": cores, "ranks": n,
-             "effective_cores": shared, "alpha": alpha, "beta": beta,
+             "effective_cores": shared, "effective_cores_each": measured.get("effective_cores_each"),
+             "alpha": alpha, "beta": beta,
              "pipeline_message_seconds": measured["message"], "pipeline_engine_seconds": measured["engine"],
              "pipeline_drain_seconds": measured["drain"], "pipeline_sync_seconds": cluster.pipeline_sync,
              "all_reduce_seconds": {str(size): t for size, t in zip(ALL_REDUCE_SIZES, seconds)},
@@ -171,7 +175,9 @@ def print_yardsticks(facts: dict, ranks: int, when: str = "") -> None:
     when = f" ({when})" if when else ""
     steps = facts.get("serial_step_each_seconds", [])
     each = f" (the fastest of {', '.join(f'{t * 1e3:.1f}' for t in steps)})" if len(steps) > 1 else ""
-    shared = (f"{ranks} ranks share {facts['cores']} cores, as {facts['effective_cores']:.2f}"
+    measured = facts.get("effective_cores_each") or []
+    median = f", the median of {', '.join(f'{c:.2f}' for c in measured)}" if len(measured) > 1 else ""
+    shared = (f"{ranks} ranks share {facts['cores']} cores, as {facts['effective_cores']:.2f}{median}"
               if facts["effective_cores"] else "a core per rank")
     print(f"yardsticks{when}: per core ({shared}) GEMMs at "
           f"{facts['gemm_peak_fraction']:.2f} x {facts['peak_flops'] / 1e9:.1f} GFLOP/s, half of that at "

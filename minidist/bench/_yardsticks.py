@@ -105,15 +105,34 @@ def time_pipeline_engine(config: GPTConfig, batch: int, microbatches: int, steps
     return float(np.median(seconds[1:])), float(np.median(tails))
 
 
-def time_steps_side_by_side(config: GPTConfig, batch: int, steps: int = 30) -> float:
-    """Rank program: the median seconds of a serial training step of `batch` sequences, every rank
-    stepping its own model at once with no communication: what sharing the cores costs."""
+def time_shared_steps(config: GPTConfig, batch: int, rounds: int = 20) -> list[tuple[float, float]]:
+    """Rank program: in each of `rounds` rounds, a serial training step of `batch` sequences on rank 0
+    alone (the other ranks asleep at a barrier), then one on every rank at once, timed until the last
+    rank has finished (the others asleep at a barrier again). Returns (alone, together) seconds per
+    round, rank 0's clock.
+
+    Together, the ranks share the cores, and a step that waits for every rank (a data-parallel
+    step, a ZeRO gather) lasts as long as the rank the sharing served worst. Alone and together
+    take turns in one job so that a machine that changes speed moves both alike."""
+    from minidist import comm as dist
     from minidist.bench.step import minidist_step
-    from minidist.comm import get_world
-    from minidist.parallel.stage_balance import median_seconds
     step = minidist_step(config, batch, "float32")[0]
-    get_world().comm.Barrier()  # start together, so that the steps overlap
-    return median_seconds(step, steps)
+    world = dist.get_world()
+    step()  # warm-up
+    times = []
+    with dist.waiting_as(spin=0.001):  # a waiting rank sleeps soon: it lends its core (chapter 2)
+        for _ in range(rounds):
+            dist.barrier()
+            start = time.perf_counter()
+            if world.rank == 0:
+                step()
+            alone = time.perf_counter() - start
+            dist.barrier()
+            start = time.perf_counter()
+            step()
+            dist.barrier()
+            times.append((alone, time.perf_counter() - start))
+    return times
 
 
 def time_serial_steps(flag_sets: dict, rounds: int = 10) -> dict:
@@ -161,13 +180,17 @@ def serial_yardsticks(seconds: dict, baseline: str = "batch") -> dict:
 
 
 def effective_cores(config: GPTConfig, batch: int, ranks: int, timeout: float) -> float:
-    """How many cores `ranks` ranks get when they share fewer: ranks x (a step alone) / (the same step
-    with every rank stepping at once). Two ranks on one core would give 1 if switching between
-    them were free; the caches they share and the switches make it less."""
-    share = max(1, batch // ranks)
-    alone = run(time_steps_side_by_side, 1, config, share, timeout=timeout)[0]
-    together = float(np.median(run(time_steps_side_by_side, ranks, config, share, timeout=timeout)))
-    return ranks * alone / together
+    """How many cores `ranks` ranks get when they share fewer: ranks x (a step alone) / (the same
+    step on every rank at once, until the last one ends), the median over rounds of
+    `time_shared_steps`. Two ranks on one core would give 1 if switching between them were free and
+    even; the caches they share, the switches and an uneven share make it less."""
+    return cores_from_rounds(run(time_shared_steps, ranks, config, max(1, batch // ranks), timeout=timeout)[0], ranks)
+
+
+def cores_from_rounds(rounds: list[tuple[float, float]], ranks: int) -> float:
+    """The cores `ranks` ranks got, from `time_shared_steps`' (alone, together) rounds: each round's
+    ranks x alone / together, the median over the rounds."""
+    return float(np.median([ranks * alone / together for alone, together in rounds]))
 
 
 def time_strategy_overheads(config: GPTConfig, microbatches: int = 4, rounds: int = 20) -> dict:
