@@ -389,3 +389,17 @@ def test_cli_grouped_query_attention(tmp_path, capsys):
             main([*flags, *bad])
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and ("key/value heads" in err or "--n-kv-head 7" in err)
+
+
+def test_cli_llama_as_meta_trained_it(capsys):
+    """--no-dropout and --ends-as-layers: the blocks as Llama 3 has them and its pipeline cut (one
+    layer fewer on the first and last stages); its 8K-token layout then fits without recomputation."""
+    flags = ["--model", "llama3-405b", "--gpus", "8192", "--device", "h100-80gb-sxm", "--flash-attention",
+             "--sequence-parallel", "--global-batch", "2048", "--layout", "dp64-tp8-pp16-zero1-m32"]
+    assert main([*flags, "--top", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "no dropout" not in out and "no (> 80 GB)" in out.split("dp64-tp8-pp16-zero1-m32")[1].splitlines()[0]
+    assert main([*flags, "--top", "1", "--no-dropout", "--ends-as-layers"]) == 0
+    out = capsys.readouterr().out
+    assert "no dropout, embedding and head cut as layers" in out
+    assert "73.3 GB  yes" in out.split("dp64-tp8-pp16-zero1-m32")[1].splitlines()[0]

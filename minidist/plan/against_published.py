@@ -45,7 +45,7 @@ def workload_of(run: PublishedRun) -> Workload:
     w = Workload(config, run.global_batch, run.seq, "mixed", "megatron", recompute=run.recompute != "none",
                  sequence_parallel=run.sequence_parallel or modern, overlap=run.zero >= 2 or modern or torch_ddp,
                  pad_vocab=True, flash_attention=modern, state_bytes=run.state_bytes,
-                 gradient_copies=2 if torch_ddp else 1)
+                 gradient_copies=2 if torch_ddp else 1, dropout=run.dropout, ends_as_layers=run.ends_as_layers)
     if run.recompute == "unknown":
         without = replace(w, recompute=False)
         if predict(without, stated_layout(run), cluster_of(run))["fits"]:

@@ -103,7 +103,8 @@ def beside_pipeline(w: Workload, layout: Layout, cluster: Cluster, costs: tuple)
     embedding = 0
     if p > 1 and w.config.tie_weights:  # the tied embedding's two copies add their gradients once a step
         embedding = config_for(w, t).vocab_size * w.config.n_embd // t * bytes_per_param(w)[1]
-    params = max(sum(rank_units(config_for(w, t), t, p, s, layout.virtual_stages)) for s in {0, p - 1})
+    params = max(sum(rank_units(config_for(w, t), t, p, s, layout.virtual_stages, w.ends_as_layers))
+                 for s in {0, p - 1})
     layers = max(1, w.config.n_layer // (p * layout.virtual_stages))
     first = costs[0][0]  # the first stage finishes its backward last
     dp_time, dp_sent = data_parallel_seconds(w, layout, cluster, params, first.backward,

@@ -83,6 +83,10 @@ class PublishedRun:
     tie_embeddings: bool = True   # the output layer shares the input embedding's matrix (GPT-2, Megatron's default)
     reports_mfu: bool = False     # the source reports MFU (model FLOPs, no recomputation, over the dense
                                   # peak); tflops_per_gpu is then MFU x the device preset's peak
+    dropout: bool = True          # the blocks drop out, as GPT-3's and Megatron-LM's defaults (0.1); False where
+                                  # the source or the released model code has none
+    ends_as_layers: bool = False  # the pipeline's first and last stages hold fewer blocks, the embedding and the
+                                  # head counting a layer each, where the source states it
 
 
 # ----------------------------------------------------------------------------- Narayanan et al. 2021
@@ -279,10 +283,12 @@ _LLAMA3_SOURCE = ("Llama Team, AI @ Meta, \"The Llama 3 Herd of Models\", arXiv:
                   "(scaling configurations and MFU of Llama 3 405B pre-training), §3.3 and Table 3 (model)")
 _LLAMA3_MODEL = ("Llama 3 405B: 126 layers, model dimension 16,384, FFN 53,248 (SwiGLU), 128 attention heads with "
                  "8 key/value heads (GQA), vocabulary 128,000 (Table 3; the released tokenizer has 128,256), RoPE. "
-                 "H100 80GB HBM3 at 700 W, 8 GPUs per server, RoCE fabric. ")
+                 "H100 80GB HBM3 at 700 W, 8 GPUs per server, RoCE fabric. No dropout in the blocks (the released "
+                 "model code, github.com/meta-llama/llama3 llama/model.py, has none). ")
 _LLAMA3_PAR = ("4D parallelism ordered [TP, CP, PP, DP]; DP is FSDP sharding optimizer states and gradients, with "
                "parameters not resharded after the forward pass (recorded zero=2). Interleaved pipeline schedule "
-               "with a tunable number of stages per rank (not stated). Tokens per batch 16M. TFLOP/s are model "
+               "with a tunable number of stages per rank (not stated); one Transformer layer fewer on the first and "
+               "on the last stage, for the embedding and the output layer (§3.3.2). Tokens per batch 16M. TFLOP/s are model "
                "FLOPs in BF16 (the paper's MFU column). ")
 
 
@@ -293,7 +299,7 @@ def _llama3(gpus, cp, dp, seq, global_batch, batch_per_dp, tflops, mfu, recomput
         vocab_size=128000, seq=seq, global_batch=global_batch, tp=8, pp=16, dp=dp, micro_batch=None, zero=2,
         virtual_stages=None, sequence_parallel=False, context_parallel=cp, recompute=recompute, precision="mixed",
         tflops_per_gpu=float(tflops), parameters=405e9, n_kv_head=8, ffn_hidden=53248, gated_mlp=True,
-        tie_embeddings=False, reports_mfu=True,
+        tie_embeddings=False, reports_mfu=True, dropout=False, ends_as_layers=True,
         notes=f"{_LLAMA3_MODEL}{_LLAMA3_PAR}Batch size per DP group {batch_per_dp}; BF16 MFU {mfu}%. {extra}".strip())
 
 

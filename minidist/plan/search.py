@@ -239,6 +239,10 @@ def build_parser():
                    help="attention that never stores its s x s scores (Dao et al. 2022; every run since 2023)")
     p.add_argument("--scatter-gather", action="store_true",
                    help="send each pipeline message in tp pieces, gathered inside the receiving node (Megatron-LM)")
+    p.add_argument("--no-dropout", action="store_true",
+                   help="the blocks have no dropout (Llama): no dropout masks among the stored activations")
+    p.add_argument("--ends-as-layers", action="store_true",
+                   help="cut the pipeline counting the embedding and the head as a layer each (Llama 3)")
     p.add_argument("--no-overlap", action="store_true", help="count all data-parallel communication as exposed")
     p.add_argument("--zero", type=cli.listof(cli.integer(0, 3)), default=[0, 1, 2, 3], help="ZeRO stages to try")
     p.add_argument("--schedules", type=cli.listof(cli.one_of(SCHEDULES)), default=list(SCHEDULES))
@@ -273,7 +277,8 @@ def setup(args) -> tuple[Workload, Cluster]:
                         args.recompute, args.sequence_parallel, not args.no_overlap,
                         pad if args.pad_vocab is None else args.pad_vocab,
                         state_bytes=tuple(args.state_bytes) if args.state_bytes else None,
-                        flash_attention=args.flash_attention, scatter_gather=args.scatter_gather)
+                        flash_attention=args.flash_attention, scatter_gather=args.scatter_gather,
+                        dropout=not args.no_dropout, ends_as_layers=args.ends_as_layers)
     device = load_device(args.device)
     changes = {field: getattr(args, flag) * scale for flag, field, scale in (
         ("gpus_per_node", "gpus_per_node", 1), ("memory", "memory", 1e9), ("intra_bw", "intra_bandwidth", 1e9),
@@ -366,7 +371,9 @@ def main(argv=None) -> int:
     how = "".join(f", {word}" for word, on in (("recompute", workload.recompute),
                                                 ("sequence parallel", workload.sequence_parallel),
                                                 ("FlashAttention", workload.flash_attention),
-                                                ("scatter/gather", workload.scatter_gather)) if on)
+                                                ("scatter/gather", workload.scatter_gather),
+                                                ("no dropout", not workload.dropout),
+                                                ("embedding and head cut as layers", workload.ends_as_layers)) if on)
     kv, ffn, inputs = block_widths(c)
     shape = (f", {kv} key/value heads" if kv != c.n_head else "") + (f", MLP {ffn}" if ffn != 4 * c.n_embd else "") + \
         (" gated" if inputs == 2 else "")

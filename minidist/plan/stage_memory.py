@@ -7,16 +7,16 @@ runs minidist's own layouts beside the prediction.
 from __future__ import annotations
 
 from minidist.parallel.mesh import coordinates
-from minidist.plan.memory import layer_activation_elements, megatron_activation_bytes
-from minidist.plan.workload import (ACTIVATION_BYTES, Workload, block_weights, bytes_per_param, chunk_layers, config_for,
-                                   padded_vocab)
+from minidist.plan.memory import layer_activation_elements
+from minidist.plan.workload import (ACTIVATION_BYTES, Workload, block_weights, block_widths, bytes_per_param, chunk_layers,
+                                   config_for, padded_vocab)
 from minidist.training.layout import Layout
 
 
 # ----------------------------------------------------------------------------- parameters
 
 
-def rank_units(config, tp: int, pp: int, stage: int, virtual_stages: int = 1) -> list[int]:
+def rank_units(config, tp: int, pp: int, stage: int, virtual_stages: int = 1, ends_as_layers: bool = False) -> list[int]:
     """Parameters one rank of pipeline stage `stage` holds, as minidist's ZeRO units: the "root"
     (everything outside the blocks), then one entry per block (`parallel/zero.py` make_units).
 
@@ -26,7 +26,7 @@ def rank_units(config, tp: int, pp: int, stage: int, virtual_stages: int = 1) ->
     (`memory.tensor_parallel_parameter_counts`). Stage 0 holds wte (V·C/t) and wpe (T·C); the last
     stage ln_f (2C) and, tied with p > 1, its own copy of wte (V·C/t), or untied lm_head (V·C/t)."""
     V, T, C = config.vocab_size, config.block_size, config.n_embd
-    blocks = sum(end - start for start, end in chunk_layers(config.n_layer, pp, stage, virtual_stages))
+    blocks = sum(end - start for start, end in chunk_layers(config.n_layer, pp, stage, virtual_stages, ends_as_layers))
     root = 0
     if stage == 0:
         root += V * C // tp + T * C
@@ -61,12 +61,37 @@ def state_bytes(units: list[int], dp: int, zero: int, bytes_per_param: tuple[int
 # ----------------------------------------------------------------------------- activations
 
 
+def megatron_layer_terms(w: Workload) -> tuple[float, float, float]:
+    """Korthikanti et al.'s count of one layer's stored activations, by the tensors they count, for
+    the workload's block: (replicated, split, scores), the first two in units of s·b·h bytes (the
+    part every tp rank keeps whole without sequence parallelism, and the part split over t), the
+    last in units of a·s²·b bytes (per query head; split over t).
+
+    Replicated: the two LayerNorms' inputs (4), the attention's and the MLP's inputs (2 + 2), and a
+    1-byte dropout mask after each (1 + 1). Split: q (2), k and v (2 each, times kv/a with
+    grouped-query attention), the attention's output projection's input (2), and the MLP's
+    intermediates, 2 bytes per element: GPT's GeLU input and output (2 x 4h wide); a gated MLP's gate
+    and up outputs and their product (3 x ffn wide). Scores: softmax's output (2), its dropout
+    mask (1) and the dropped-out weights (2); FlashAttention keeps none of them, only each query
+    head's fp32 log-sum-exp per token (4 bytes, counted in the split part). GPT's block: 10, 24, 5."""
+    c, h, a = w.config, w.config.n_embd, w.config.n_head
+    kv, ffn, inputs = block_widths(c)
+    masks = 1 if w.dropout else 0
+    replicated = 4 + 2 + 2 + 2 * masks
+    split = 2 + 4 * kv / a + 2 + (2 * inputs + 2) * ffn / h
+    if w.flash_attention:
+        return replicated, split + 4 * a / h, 0.0
+    return replicated, split, 2 + 3 * masks
+
+
 def layer_activation_bytes(w: Workload, b: int, tp: int) -> float:
     """Bytes one transformer layer keeps for backward, per micro-batch of b sequences, on one rank.
 
     "megatron" (Korthikanti et al. 2022, "Reducing Activation Recomputation", Table 2, 16-bit
     activations, 1-byte dropout masks): s·b·h·(10 + 24/t + 5·a·s/(h·t)); with sequence
-    parallelism s·b·h·(34/t + 5·a·s/(h·t)); t = 1 is `memory.megatron_activation_bytes`.
+    parallelism s·b·h·(34/t + 5·a·s/(h·t)); t = 1 is `memory.megatron_activation_bytes`. Their
+    count is for GPT's block; `megatron_layer_terms` counts the same tensors for the block the
+    workload has (grouped-query attention, a gated MLP, no dropout, FlashAttention).
     "minidist" (this implementation, elements x bytes, measured by graph_bytes): serially
     25·n·h + 2n + a·b·s² with n = b·s (`memory.layer_activation_elements`); with t > 1 the split
     part (q, k, v, attention, MLP: 17·n·h + a·b·s²) is divided by t, and the replicated part grows
@@ -76,9 +101,9 @@ def layer_activation_bytes(w: Workload, b: int, tp: int) -> float:
     layer keeps its gathered input (2·n·h): `memory.sequence_parallel_activation_bytes`."""
     c, s, h, a = w.config, w.seq, w.config.n_embd, w.config.n_head
     if w.activations == "megatron":
-        base = 34 / tp if w.sequence_parallel else 10 + 24 / tp
-        scores = 0 if w.flash_attention else 5 * a * s / (h * tp)  # FlashAttention never stores the s x s scores
-        return s * b * h * (base + scores) if tp > 1 or w.flash_attention else megatron_activation_bytes(b, s, h, a)
+        replicated, split, scores = megatron_layer_terms(w)
+        return s * b * h * ((replicated + split) / tp if w.sequence_parallel else replicated + split / tp) + \
+            s * b * h * scores * a * s / (h * tp)
     n = b * s
     if tp == 1:
         elements = layer_activation_elements(b, s, h, a, dropout=c.dropout > 0) - (n * h if a == 1 else 0)
@@ -144,7 +169,7 @@ def stage_activation_bytes(w: Workload, layout: Layout, stage: int) -> float:
         kept = b * w.seq * w.config.n_embd * ACTIVATION_BYTES[w.precision] / (layout.tp if w.sequence_parallel else 1)
         working = full
     chunks = [(end - start) * kept + extra_bytes(w, b, layout.tp, c * p + stage == 0, c * p + stage == p * v - 1, p > 1)
-              for c, (start, end) in enumerate(chunk_layers(w.config.n_layer, p, stage, v))]
+              for c, (start, end) in enumerate(chunk_layers(w.config.n_layer, p, stage, v, w.ends_as_layers))]
     if layout.schedule == "interleaved":
         return interleaved_peak(chunks, p, stage, layout.microbatches) + working
     return in_flight(layout.schedule, p, stage, layout.microbatches) * chunks[0] + working
@@ -171,7 +196,7 @@ def stage_ledger(w: Workload, layout: Layout, stage: int) -> dict:
     """Predicted bytes of one rank of pipeline stage `stage`: params, grads, optimizer, activations,
     transient (ZeRO-2: a unit's full gradients and its flat bucket; ZeRO-3 also the gathered root
     and block), and peak, their sum (as `memory.ledger` adds them)."""
-    units = rank_units(config_for(w, layout.tp), layout.tp, layout.pp, stage, layout.virtual_stages)
+    units = rank_units(config_for(w, layout.tp), layout.tp, layout.pp, stage, layout.virtual_stages, w.ends_as_layers)
     ledger = state_bytes(units, layout.dp, layout.zero, bytes_per_param(w))
     ledger["grads"] *= w.gradient_copies
     p, g, _ = bytes_per_param(w)

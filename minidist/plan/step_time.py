@@ -102,7 +102,8 @@ def tp_calls(w: Workload, layout: Layout) -> int:
     each into a reduce-scatter and an all-gather: the same bytes."""
     if layout.tp == 1:
         return 0
-    layers = sum(e - s for s, e in chunk_layers(w.config.n_layer, layout.pp, 0, layout.virtual_stages))
+    layers = sum(e - s for s, e in chunk_layers(w.config.n_layer, layout.pp, 0, layout.virtual_stages,
+                                                w.ends_as_layers))
     per_layer = 6 if w.recompute else 4
     return layout.microbatches * (per_layer * layers + 1 + (layout.pp == 1))
 
@@ -251,7 +252,7 @@ def stage_costs(w, layout: Layout, cluster, b: int) -> tuple:
     per_rank = []
     for rank in range(p):
         chunks = []
-        for chunk, (start, end) in enumerate(chunk_layers(c.n_layer, p, rank, v)):
+        for chunk, (start, end) in enumerate(chunk_layers(c.n_layer, p, rank, v, w.ends_as_layers)):
             layers = end - start
             first, last = chunk * p + rank == 0, chunk * p + rank == p * v - 1
             chunks.append(StageCost(layers * gemm + last * head_gemm, layers * elementwise + last * head_elementwise,

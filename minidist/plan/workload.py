@@ -148,6 +148,11 @@ class Workload:
                                    # buckets copy them (gradient_as_bucket_view off, its default)
     scatter_gather: bool = False   # Megatron-LM's scatter/gather of pipeline messages: each tp rank sends its
                                    # 1/t of the activation, the receivers all-gather it inside their node
+    dropout: bool = True           # the blocks drop out (GPT-3's 0.1): Korthikanti et al.'s count keeps a 1-byte
+                                   # mask per dropout; False for blocks without (Llama)
+    ends_as_layers: bool = False   # the pipeline's cut counts the embedding and the head as a layer each, so
+                                   # the first and last stages hold fewer blocks (Llama 3; Megatron-Core's
+                                   # --account-for-embedding-in-pipeline-split and ...-loss-...)
 
 
 def bytes_per_param(w: Workload) -> tuple:
@@ -157,9 +162,15 @@ def bytes_per_param(w: Workload) -> tuple:
 
 
 @functools.lru_cache(maxsize=4096)
-def chunk_layers(n_layer: int, pp: int, stage: int, virtual_stages: int = 1) -> tuple:
-    """`pipeline.chunk_layers`, remembered: the search asks for the same few partitions many times."""
-    return tuple(_chunk_layers(n_layer, pp, stage, virtual_stages))
+def chunk_layers(n_layer: int, pp: int, stage: int, virtual_stages: int = 1, ends_as_layers: bool = False) -> tuple:
+    """`pipeline.chunk_layers`, remembered: the search asks for the same few partitions many times.
+    With `ends_as_layers` the cut is made over n_layer + 2 layers, the embedding before the first
+    block and the head after the last counting one each: 126 blocks on 16 stages are 7 + 14 x 8 + 7
+    (Llama 3 405B, "The Llama 3 Herd of Models" §3.3.2)."""
+    if not ends_as_layers:
+        return tuple(_chunk_layers(n_layer, pp, stage, virtual_stages))
+    return tuple((max(start - 1, 0), min(end - 1, n_layer))
+                 for start, end in _chunk_layers(n_layer + 2, pp, stage, virtual_stages))
 
 
 def padded_vocab(vocab: int, tp: int, multiple: int = 128) -> int:
