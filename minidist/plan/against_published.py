@@ -31,7 +31,11 @@ def workload_of(run: PublishedRun) -> Workload:
     """The run's model and batch as the planner sees them. Megatron-LM 2021's own data parallelism
     all-reduced the gradients after backward (no overlap); PyTorch's DDP (Table 1's smaller models),
     DeepSpeed's ZeRO-3 and Llama 3's FSDP overlap theirs, and PyTorch's DDP keeps its buckets as a
-    second copy of the gradients. The model states are the bytes the run's framework keeps
+    second copy of the gradients; and Megatron-LM's pipelined schedules never enter DDP's no_sync
+    (megatron/schedules.py: only `forward_backward_no_pipelining` does), so with PyTorch's DDP a
+    pipeline stage would all-reduce its gradients in every micro-batch's backward
+    (`sync_every_microbatch`): the authors' script runs PyTorch's DDP only where there is no
+    pipeline, and the search prices a pipeline under it as that code would run it. The model states are the bytes the run's framework keeps
     (`state_bytes`: Megatron-LM's fp16 optimizer 20 per parameter) where documented. The H100 runs
     of 2024 (Llama 3, Nemotron-4) use FlashAttention, which never stores the s x s scores, and
     sequence parallelism. Where the source does not say whether activations were recomputed, they
@@ -45,7 +49,8 @@ def workload_of(run: PublishedRun) -> Workload:
     w = Workload(config, run.global_batch, run.seq, "mixed", "megatron", recompute=run.recompute != "none",
                  sequence_parallel=run.sequence_parallel or modern, overlap=run.zero >= 2 or modern or torch_ddp,
                  pad_vocab=True, flash_attention=modern, state_bytes=run.state_bytes,
-                 gradient_copies=2 if torch_ddp else 1, dropout=run.dropout, ends_as_layers=run.ends_as_layers)
+                 gradient_copies=2 if torch_ddp else 1, dropout=run.dropout, ends_as_layers=run.ends_as_layers,
+                 sync_every_microbatch=torch_ddp and run.framework == "megatron-lm")
     if run.recompute == "unknown":
         without = replace(w, recompute=False)
         if predict(without, stated_layout(run), cluster_of(run))["fits"]:

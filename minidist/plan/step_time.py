@@ -20,7 +20,8 @@ at the level where time is actually spent:
   activation per micro-batch, and the step is the makespan of *simulating the schedule*
   (`schedules.simulate`) with those costs, so unequal stages show as bubble.
 * **Data parallelism** overlaps what can overlap: stage 0's bucketed all-reduce runs during the
-  last micro-batch's backward, except its last bucket; ZeRO-1 reduce-scatters after backward and
+  last micro-batch's backward, except its last bucket (during every micro-batch's with
+  `sync_every_microbatch`: PyTorch's DDP in Megatron-LM's pipelines); ZeRO-1 reduce-scatters after backward and
   all-gathers after the step; ZeRO-2 reduce-scatters during each micro-batch's backward; ZeRO-3
   gathers each layer's weights one layer ahead, so each gather hides behind one layer's compute
   and shows when that compute is shorter. `overlap=False` (Megatron-LM 2021) sends after backward.
@@ -326,7 +327,10 @@ def data_parallel_seconds(w, layout: Layout, cluster: Cluster, params: float, la
 
     if z == 0:
         last_bucket = ar * min(1.0, bucket_bytes / grads)  # ready only when backward ends
-        return max(shown(ar, last_backward), last_bucket), 2 * ring * grads
+        once = max(shown(ar, last_backward), last_bucket)
+        if w.sync_every_microbatch and layout.pp > 1:  # every micro-batch's backward all-reduces the stage's gradients
+            return m * once, m * 2 * ring * grads
+        return once, 2 * ring * grads
     if z == 1:
         return rs + ag, ring * (grads + weights)
     if z == 2:

@@ -148,6 +148,9 @@ class Workload:
                                    # buckets copy them (gradient_as_bucket_view off, its default)
     scatter_gather: bool = False   # Megatron-LM's scatter/gather of pipeline messages: each tp rank sends its
                                    # 1/t of the activation, the receivers all-gather it inside their node
+    sync_every_microbatch: bool = False  # a pipeline stage all-reduces its gradients in every micro-batch's backward,
+                                   # not once a step: PyTorch's DDP under Megatron-LM's pipelined schedules, which
+                                   # never enter its no_sync (only the schedule without a pipeline does)
     dropout: bool = True           # the blocks drop out (GPT-3's 0.1): Korthikanti et al.'s count keeps a 1-byte
                                    # mask per dropout; False for blocks without (Llama)
     ends_as_layers: bool = False   # the pipeline's cut counts the embedding and the head as a layer each, so
