@@ -8,6 +8,8 @@ import pytest
 from minidist.plan.published import (
     A100_PEAK_TFLOPS_16BIT,
     ALL_RUNS,
+    KORTHIKANTI_RUNS,
+    KORTHIKANTI_TABLE_5,
     NARAYANAN_TABLE_1,
     NARAYANAN_TABLE_1_AGGREGATE_PFLOPS,
     NARAYANAN_TABLE_1_PERCENT_OF_PEAK,
@@ -52,7 +54,8 @@ def shaped_parameters(r: PublishedRun) -> float:
 
 def test_collections_are_what_they_say():
     assert len(NARAYANAN_TABLE_1) == 10 and len(NARAYANAN_TABLE_2) == 12 and len(OTHER_RUNS) >= 3
-    assert ALL_RUNS == NARAYANAN_TABLE_1 + NARAYANAN_TABLE_2 + OTHER_RUNS
+    assert ALL_RUNS == NARAYANAN_TABLE_1 + NARAYANAN_TABLE_2 + OTHER_RUNS + KORTHIKANTI_RUNS
+    assert len(KORTHIKANTI_RUNS) == 2 * len(KORTHIKANTI_TABLE_5) == 8
     assert len({r.name for r in ALL_RUNS}) == len(ALL_RUNS), "run names must be unique"
     assert all(isinstance(r, PublishedRun) for r in ALL_RUNS)
     assert {r.name.split(',')[0] for r in SHAPED} == {'Llama 3 405B', 'Nemotron-4 340B'} and len(SHAPED) == 6
@@ -173,3 +176,19 @@ def test_mtnlg_tflops_follow_from_its_iteration_times_counting_recomputation():
         assert abs(per_gpu - r.tflops_per_gpu) < 0.6, (r.name, per_gpu)
         assert per_gpu * 72 / 96 < 0.8 * r.tflops_per_gpu
 
+
+
+def test_korthikanti_mfu_follows_from_its_iteration_times():
+    """Korthikanti et al.'s Table 5 prints iteration times; the model's FLOPs, 72·B·s·L·h²·(1 + s/6h +
+    V/12Lh), over them give the MFU the paper prints for its 175B, 530B and 1T rows with sequence
+    parallelism and selective recomputation (51.4, 56.0, 56.3 %), and the 29-32 % speed-up of those
+    over full recomputation that its abstract states (for 530B: 54.2 against 42.1 % MFU on 2240 GPUs)."""
+    by_name = {r.name: r for r in KORTHIKANTI_RUNS}
+    mfu = {m: by_name[f"Korthikanti 2022 Table 5, {m}, selective"].tflops_per_gpu / A100_PEAK_TFLOPS_16BIT
+           for m in ("175B", "530B", "1T")}
+    assert [100 * v for v in mfu.values()] == pytest.approx([51.4, 56.0, 56.3], abs=0.1)
+    for model, (_, full, selective) in KORTHIKANTI_TABLE_5.items():
+        assert 1.28 < full / selective < 1.33
+        fast, slow = (by_name[f"Korthikanti 2022 Table 5, {model}, {mode}"] for mode in ("selective", "full"))
+        assert fast.tflops_per_gpu / slow.tflops_per_gpu == pytest.approx(full / selective, rel=2e-3)
+        assert fast.sequence_parallel and fast.recompute == "selective" and slow.recompute == "full"

@@ -46,7 +46,8 @@ def workload_of(run: PublishedRun) -> Workload:
                               ffn_hidden=run.ffn_hidden, gated_mlp=run.gated_mlp)
     modern = run.device.startswith("h100")  # H100-era runs (2024) use FlashAttention and sequence parallelism
     torch_ddp = run.ddp == "torch"
-    w = Workload(config, run.global_batch, run.seq, "mixed", "megatron", recompute=run.recompute != "none",
+    w = Workload(config, run.global_batch, run.seq, "mixed", "megatron", recompute=run.recompute in ("full", "unknown"),
+                 selective=run.recompute == "selective",
                  sequence_parallel=run.sequence_parallel or modern, overlap=run.zero >= 2 or modern or torch_ddp,
                  pad_vocab=True, flash_attention=modern, state_bytes=run.state_bytes,
                  gradient_copies=2 if torch_ddp else 1, dropout=run.dropout, ends_as_layers=run.ends_as_layers,

@@ -66,7 +66,7 @@ class PublishedRun:
     virtual_stages: int | None    # interleaved schedule: model chunks per pipeline rank, when stated
     sequence_parallel: bool
     context_parallel: int         # 1 unless stated
-    recompute: str       # "full", "selective", "none" or "unknown"
+    recompute: str       # "full", "selective" (the attention core only), "none" or "unknown"
     precision: str       # "mixed" (fp16/bf16 mixed precision)
     tflops_per_gpu: float         # achieved, as the source reports it
     parameters: float | None      # as the source states it (e.g. 1.7e9)
@@ -333,6 +333,50 @@ def _nemotron(gpus):
         ffn_hidden=73728, tie_embeddings=False, reports_mfu=True, notes=_NEMOTRON_NOTES.format(step=step))
 
 
+# ----------------------------------------------------------------------------- Korthikanti et al. 2022
+
+_KORTHIKANTI_SOURCE = ("V. Korthikanti, J. Casper, S. Lym, L. McAfee, M. Andersch, M. Shoeybi, B. Catanzaro, \"Reducing "
+                       "Activation Recomputation in Large Transformer Models\", MLSys 2023, arXiv:2205.05198: Table 3 "
+                       "(configurations) and Table 5 (end-to-end iteration time)")
+_KORTHIKANTI_NOTES = ("Selene, DGX A100 80GB nodes, Megatron-LM, mixed precision, one data-parallel replica. {mode}. "
+                      "Iteration time {seconds} s (Table 5); the TFLOP/s are the model's FLOPs, 72·B·s·L·h²·(1 + "
+                      "s/(6h) + V/(12·L·h)), over that time and the GPUs, the paper's MFU column times 312 (its 175B, "
+                      "530B and 1T rows print 51.4, 56.0 and 56.3 % for the present work). The paper does not print "
+                      "the interleaved schedule's depth; 3 chunks for 175B and 530B, plain 1F1B for 1T, are the "
+                      "settings of Calculon's reproduction of this table (Isaev et al., SC23, github.com/calculon-ai/"
+                      "calculon validation/seqsel/tab5).")
+
+# Table 5: (model, heads, hidden, layers, tp, pp, GPUs, batch, micro-batch, chunks) and the iteration
+# time with full recomputation, then with sequence parallelism and selective recomputation (seconds)
+KORTHIKANTI_TABLE_5: dict[str, tuple] = {
+    "22B": ((64, 6144, 48, 8, 1, 8, 4, 4, None), 1.42, 1.10),
+    "175B": ((96, 12288, 96, 8, 8, 64, 64, 1, 3), 18.13, 13.75),
+    "530B": ((128, 20480, 105, 8, 35, 280, 280, 1, 3), 49.05, 37.83),
+    "1T": ((160, 25600, 128, 8, 64, 512, 512, 1, None), 94.42, 71.49),
+}
+
+
+def _korthikanti(model: str, selective: bool) -> PublishedRun:
+    (heads, hidden, layers, tp, pp, gpus, batch, micro, chunks), full_s, selective_s = KORTHIKANTI_TABLE_5[model]
+    seconds, seq, vocab = (selective_s if selective else full_s), 2048, 51200
+    model_flops = 72 * batch * seq * layers * hidden ** 2 * (1 + seq / (6 * hidden) + vocab / (12 * layers * hidden))
+    mode = ("sequence parallelism and selective recomputation (the attention core)" if selective
+            else "full recomputation, no sequence parallelism")
+    return PublishedRun(
+        name=f"Korthikanti 2022 Table 5, {model}, {'selective' if selective else 'full'}", source=_KORTHIKANTI_SOURCE,
+        device="a100-80gb", gpus=gpus, gpus_per_node=8, n_layer=layers, n_embd=hidden, n_head=heads,
+        vocab_size=vocab, seq=seq, global_batch=batch, tp=tp, pp=pp, dp=gpus // (tp * pp), micro_batch=micro, zero=0,
+        virtual_stages=chunks, sequence_parallel=selective, context_parallel=1,
+        recompute="selective" if selective else "full", precision="mixed",
+        tflops_per_gpu=round(model_flops / (seconds * gpus) / 1e12, 1), parameters=None, reports_mfu=True,
+        state_bytes=MEGATRON_FP16_STATE_BYTES, framework="megatron-lm",
+        notes=_KORTHIKANTI_NOTES.format(mode=mode[0].upper() + mode[1:], seconds=seconds))
+
+
+KORTHIKANTI_RUNS: tuple[PublishedRun, ...] = tuple(_korthikanti(model, selective) for model in KORTHIKANTI_TABLE_5
+                                                   for selective in (False, True))
+
+
 OTHER_RUNS: tuple[PublishedRun, ...] = (
     PublishedRun(
         name="BLOOM 176B", source=_BLOOM_SOURCE,
@@ -363,4 +407,4 @@ OTHER_RUNS: tuple[PublishedRun, ...] = (
     _nemotron(1536), _nemotron(3072), _nemotron(6144),
 )
 
-ALL_RUNS: tuple[PublishedRun, ...] = NARAYANAN_TABLE_1 + NARAYANAN_TABLE_2 + OTHER_RUNS
+ALL_RUNS: tuple[PublishedRun, ...] = NARAYANAN_TABLE_1 + NARAYANAN_TABLE_2 + OTHER_RUNS + KORTHIKANTI_RUNS

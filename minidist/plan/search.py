@@ -234,6 +234,8 @@ def build_parser():
                    help="activation count: minidist's own, or Korthikanti et al. 2022 (default: minidist for "
                         "fp32/fp64, megatron for mixed)")
     p.add_argument("--recompute", action="store_true", help="full activation recomputation (Megatron-LM 2021)")
+    p.add_argument("--selective-recompute", action="store_true",
+                   help="recompute only the attention core (Korthikanti et al. 2022; Megatron-LM's default since)")
     p.add_argument("--sequence-parallel", action="store_true", help="split the replicated activations by tp")
     p.add_argument("--flash-attention", action="store_true",
                    help="attention that never stores its s x s scores (Dao et al. 2022; every run since 2023)")
@@ -268,6 +270,9 @@ def setup(args) -> tuple[Workload, Cluster]:
     if fields.get("n_kv_head") and fields["n_head"] % fields["n_kv_head"]:
         raise ValueError(f"--n-kv-head {fields['n_kv_head']} does not divide --n-head {fields['n_head']}")
     config = TransformerShape(**fields)  # GPT's own block unless the flags give it grouped-query attention or a gate
+    if args.recompute and args.selective_recompute:
+        raise ValueError("--recompute recomputes every layer's forward, --selective-recompute only the attention "
+                         "core: choose one")
     if args.state_bytes is not None and len(args.state_bytes) != 3:
         raise ValueError(f"--state-bytes needs three numbers (parameters, gradients, optimizer), "
                          f"got {len(args.state_bytes)}")
@@ -278,7 +283,8 @@ def setup(args) -> tuple[Workload, Cluster]:
                         pad if args.pad_vocab is None else args.pad_vocab,
                         state_bytes=tuple(args.state_bytes) if args.state_bytes else None,
                         flash_attention=args.flash_attention, scatter_gather=args.scatter_gather,
-                        dropout=not args.no_dropout, ends_as_layers=args.ends_as_layers)
+                        dropout=not args.no_dropout, ends_as_layers=args.ends_as_layers,
+                        selective=args.selective_recompute)
     device = load_device(args.device)
     changes = {field: getattr(args, flag) * scale for flag, field, scale in (
         ("gpus_per_node", "gpus_per_node", 1), ("memory", "memory", 1e9), ("intra_bw", "intra_bandwidth", 1e9),
@@ -369,6 +375,7 @@ def main(argv=None) -> int:
     c = workload.config
     nodes = -(-cluster.gpus // cluster.gpus_per_node)
     how = "".join(f", {word}" for word, on in (("recompute", workload.recompute),
+                                                ("selective recompute", workload.selective),
                                                 ("sequence parallel", workload.sequence_parallel),
                                                 ("FlashAttention", workload.flash_attention),
                                                 ("scatter/gather", workload.scatter_gather),

@@ -73,7 +73,8 @@ def megatron_layer_terms(w: Workload) -> tuple[float, float, float]:
     intermediates, 2 bytes per element: GPT's GeLU input and output (2 x 4h wide); a gated MLP's gate
     and up outputs and their product (3 x ffn wide). Scores: softmax's output (2), its dropout
     mask (1) and the dropped-out weights (2); FlashAttention keeps none of them, only each query
-    head's fp32 log-sum-exp per token (4 bytes, counted in the split part). GPT's block: 10, 24, 5."""
+    head's fp32 log-sum-exp per token (4 bytes, counted in the split part); selective recomputation
+    keeps none of them and no log-sum-exp (backward runs the core again). GPT's block: 10, 24, 5."""
     c, h, a = w.config, w.config.n_embd, w.config.n_head
     kv, ffn, inputs = block_widths(c)
     masks = 1 if w.dropout else 0
@@ -81,6 +82,8 @@ def megatron_layer_terms(w: Workload) -> tuple[float, float, float]:
     split = 2 + 4 * kv / a + 2 + (2 * inputs + 2) * ffn / h
     if w.flash_attention:
         return replicated, split + 4 * a / h, 0.0
+    if w.selective:  # the attention core runs again in backward: none of its s x s tensors kept
+        return replicated, split, 0.0
     return replicated, split, 2 + 3 * masks
 
 
@@ -105,10 +108,14 @@ def layer_activation_bytes(w: Workload, b: int, tp: int) -> float:
         return s * b * h * ((replicated + split) / tp if w.sequence_parallel else replicated + split / tp) + \
             s * b * h * scores * a * s / (h * tp)
     n = b * s
-    if tp == 1:
-        elements = layer_activation_elements(b, s, h, a, dropout=c.dropout > 0) - (n * h if a == 1 else 0)
+    if w.selective:  # minidist's selective recomputation keeps no softmax (nor its dropout mask)
+        scores = (1 + (c.dropout > 0)) * (a // tp) * b * s * s
     else:
-        elements = 12 * n * h + 17 * n * h // tp + 2 * n + (a // tp) * b * s * s - (n * h // tp if a == tp else 0)
+        scores = 0
+    if tp == 1:
+        elements = layer_activation_elements(b, s, h, a, dropout=c.dropout > 0) - (n * h if a == 1 else 0) - scores
+    else:
+        elements = 12 * n * h + 17 * n * h // tp + 2 * n + (a // tp) * b * s * s - (n * h // tp if a == tp else 0) - scores
         if w.sequence_parallel:
             region = 10 * n * h + 2 * n
             elements += region // tp - region + 2 * n * h
@@ -156,11 +163,22 @@ def in_flight(schedule: str | None, pp: int, stage: int, m: int, v: int = 1) -> 
     return min(2 * (pp - stage - 1) + (v - 1) * pp + 1, m * v)
 
 
+def attention_core_bytes(w: Workload, b: int, tp: int) -> float:
+    """The s x s tensors of one layer's attention core on one of tp ranks, which selective
+    recomputation rebuilds in backward: Korthikanti et al.'s 5·a·s²·b bytes (softmax output, its
+    dropout mask and the dropped-out weights; 2 without dropout), minidist's softmax (and mask)."""
+    c, s, a = w.config, w.seq, w.config.n_head
+    if w.activations == "megatron":
+        return (2 + 3 * w.dropout) * a * s * s * b / tp
+    return (1 + (c.dropout > 0)) * (a // tp) * b * s * s * ACTIVATION_BYTES[w.precision]
+
+
 def stage_activation_bytes(w: Workload, layout: Layout, stage: int) -> float:
     """Activations stage `stage` holds at its peak: `in_flight` micro-batches, each holding its
     layers and what lies outside them (interleaved: `interleaved_peak`, chunk by chunk). With
     recomputation a micro-batch keeps only each layer's input (2s·b·h, or n·h elements), and one
-    layer's full activations exist while its backward runs."""
+    layer's full activations exist while its backward runs; with selective recomputation each layer
+    keeps all but its attention core's s x s tensors, and one core is rebuilt at a time."""
     p, v = layout.pp, layout.virtual_stages
     b = w.global_batch // (layout.dp * layout.microbatches)
     full = layer_activation_bytes(w, b, layout.tp)
@@ -168,6 +186,8 @@ def stage_activation_bytes(w: Workload, layout: Layout, stage: int) -> float:
     if w.recompute:
         kept = b * w.seq * w.config.n_embd * ACTIVATION_BYTES[w.precision] / (layout.tp if w.sequence_parallel else 1)
         working = full
+    elif w.selective:  # one layer's attention core rebuilt at a time in backward
+        working = attention_core_bytes(w, b, layout.tp)
     chunks = [(end - start) * kept + extra_bytes(w, b, layout.tp, c * p + stage == 0, c * p + stage == p * v - 1, p > 1)
               for c, (start, end) in enumerate(chunk_layers(w.config.n_layer, p, stage, v, w.ends_as_layers))]
     if layout.schedule == "interleaved":

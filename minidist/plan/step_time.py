@@ -30,11 +30,11 @@ at the level where time is actually spent:
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from minidist.comm import cost
 from minidist.parallel import schedules as S
-from minidist.plan.stage_memory import layer_activation_bytes
+from minidist.plan.stage_memory import attention_core_bytes, layer_activation_bytes
 from minidist.plan.workload import (ACTIVATION_BYTES, Cluster, Workload, block_weights, block_widths, bytes_per_param,
                                    chunk_layers, padded_vocab)
 from minidist.training.layout import Layout
@@ -46,13 +46,15 @@ def flops_per_step(w: Workload, recompute: bool | None = None) -> float:
     Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU Clusters Using
     Megatron-LM", eq. 3): 96·B·s·L·h²·(1 + s/(6h) + V/(16·L·h)) with full activation recomputation:
     each layer's 24·B·s·h² + 4·B·s²·h four times (forward, backward twice, the forward again), the
-    head's 2·B·s·h·V three times. Without recomputation the layers run three times (72·B·s·L·h²...).
-    `recompute` (default: the workload's) chooses; MFU counts the model's FLOPs, without it."""
+    head's 2·B·s·h·V three times. Without recomputation the layers run three times (72·B·s·L·h²...),
+    with selective recomputation plus the attention core's 4·B·s²·h once more per layer.
+    `recompute` (default: the workload's) chooses; MFU counts the model's FLOPs, `recompute=False`."""
     c, B, s = w.config, w.global_batch, w.seq
+    again = w.selective and not w.recompute and recompute is None  # selective recomputation: the core again
     passes = 4 if (w.recompute if recompute is None else recompute) else 3
     weights, _ = block_weights(c)  # 12h² (24·B·s·h² a forward); grouped-query attention and gated MLPs their own
-    return passes * (2 * B * s * c.n_layer * weights + 4 * B * s * s * c.n_layer * c.n_embd) + \
-        6 * B * s * c.n_embd * c.vocab_size
+    core = 4 * B * s * s * c.n_layer * c.n_embd  # the attention core's two batched GEMMs, a forward
+    return passes * (2 * B * s * c.n_layer * weights + core) + again * core + 6 * B * s * c.n_embd * c.vocab_size
 
 
 @functools.lru_cache(maxsize=4096)
@@ -155,6 +157,7 @@ class StageCost:
     sends_forward: bool = True   # False for the pipeline's last chunk
     sends_backward: bool = True  # False for its first
     engine: float = 0.0          # the pipeline engine's time after each forward and backward
+    core: float = 0.0            # selective recomputation: the attention core's forward, run again in backward
 
     @property
     def forward(self) -> float:
@@ -162,7 +165,7 @@ class StageCost:
 
     @property
     def backward(self) -> float:
-        again = (self.gemm + self.elementwise + self.tp / 2) if self.recompute else 0.0
+        again = (self.gemm + self.elementwise + self.tp / 2) if self.recompute else self.core
         return 2 * (self.gemm + self.elementwise) + self.tp / 2 + again + self.message * self.sends_backward + \
             self.engine
 
@@ -170,7 +173,8 @@ class StageCost:
         """Forward plus backward by kind: compute, tp, pp (the messages and the engine around them)
         and their total."""
         runs = 3 + self.recompute  # forward, backward (2), the recomputed forward
-        return {"compute": runs * (self.gemm + self.elementwise), "tp": self.tp * (1 + self.recompute / 2),
+        return {"compute": runs * (self.gemm + self.elementwise) + (not self.recompute) * self.core,
+                "tp": self.tp * (1 + self.recompute / 2),
                 "pp": self.message * (self.sends_forward + self.sends_backward) + 2 * self.engine,
                 "total": self.forward + self.backward}
 
@@ -231,14 +235,19 @@ def stage_costs(w, layout: Layout, cluster, b: int) -> tuple:
     vocab = padded_vocab(c.vocab_size, t) if w.pad_vocab else c.vocab_size
     kv, ffn, inputs = block_widths(c)
     gemm, _ = gemms_seconds(layer_gemms(b, s, h, a, t, kv, ffn, inputs == 2), cluster, item)
-    # each stored activation written and read once forward (Korthikanti et al.'s bytes are 16-bit)
-    moved = 2 * layer_activation_bytes(w, b, t) * (item / 2 if w.activations == "megatron" else 1)
+    # each stored activation written and read once forward (Korthikanti et al.'s bytes are 16-bit); the
+    # forward moves the attention core's tensors whether or not selective recomputation keeps them
+    moved = 2 * layer_activation_bytes(replace(w, selective=False), b, t) * (item / 2 if w.activations == "megatron" else 1)
     # fixed costs of a layer pass, a third forward and two thirds backward: every layer's, and the
     # tensor-parallel layers' own (their f and g functions, the vocabulary-parallel loss: chapter 6)
     elementwise = moved / cluster.memory_bandwidth + (cluster.layer_overhead + (t > 1) * cluster.overhead("tp")) / 3
     calls = 2 if t > 1 else 0
     tp = 2 * calls * all_reduce_seconds(b * s * h * item, "tp", layout, cluster)  # two forward, two backward
     head_gemm, _ = gemms_seconds([(1, b * s, vocab // t, h)], cluster, item)
+    core = 0.0
+    if w.selective:  # the core's two batched GEMMs, its s x s tensors written and read again
+        core, _ = gemms_seconds(layer_gemms(b, s, h, a, t, kv, ffn, inputs == 2)[1:3], cluster, item)
+        core += 2 * attention_core_bytes(w, b, t) / cluster.memory_bandwidth
     head_elementwise = 4 * b * s * vocab // t * 4 / cluster.memory_bandwidth  # fp32 logits: softmax, loss, grad
     message = engine = 0.0
     if p > 1:
@@ -257,7 +266,7 @@ def stage_costs(w, layout: Layout, cluster, b: int) -> tuple:
             layers = end - start
             first, last = chunk * p + rank == 0, chunk * p + rank == p * v - 1
             chunks.append(StageCost(layers * gemm + last * head_gemm, layers * elementwise + last * head_elementwise,
-                                    layers * tp, w.recompute, message, not last, not first, engine))
+                                    layers * tp, w.recompute, message, not last, not first, engine, layers * core))
         per_rank.append(tuple(chunks))
     return tuple(per_rank)
 

@@ -156,6 +156,8 @@ class Workload:
     ends_as_layers: bool = False   # the pipeline's cut counts the embedding and the head as a layer each, so
                                    # the first and last stages hold fewer blocks (Llama 3; Megatron-Core's
                                    # --account-for-embedding-in-pipeline-split and ...-loss-...)
+    selective: bool = False        # selective recomputation (Korthikanti et al. 2022): keep all but the attention
+                                   # core's s x s tensors, and run the core again in backward
 
 
 def bytes_per_param(w: Workload) -> tuple:
