@@ -35,8 +35,8 @@ def workload_of(run: PublishedRun) -> Workload:
     (megatron/schedules.py: only `forward_backward_no_pipelining` does), so with PyTorch's DDP a
     pipeline stage would all-reduce its gradients in every micro-batch's backward
     (`sync_every_microbatch`): the authors' script runs PyTorch's DDP only where there is no
-    pipeline, and the search prices a pipeline under it as that code would run it. The model states are the bytes the run's framework keeps
-    (`state_bytes`: Megatron-LM's fp16 optimizer 20 per parameter) where documented. The H100 runs
+    pipeline, and the search prices a pipeline under it as that code would run it. The model
+    states are the bytes the run's framework keeps (`state_bytes`: Megatron-LM's fp16 optimizer 20 per parameter) where documented. The H100 runs
     of 2024 (Llama 3, Nemotron-4) use FlashAttention, which never stores the s x s scores, and
     sequence parallelism. Where the source does not say whether activations were recomputed, they
     were if the stated layout does not fit without: recomputation costs a third of the step, and

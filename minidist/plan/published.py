@@ -288,8 +288,8 @@ _LLAMA3_MODEL = ("Llama 3 405B: 126 layers, model dimension 16,384, FFN 53,248 (
 _LLAMA3_PAR = ("4D parallelism ordered [TP, CP, PP, DP]; DP is FSDP sharding optimizer states and gradients, with "
                "parameters not resharded after the forward pass (recorded zero=2). Interleaved pipeline schedule "
                "with a tunable number of stages per rank (not stated); one Transformer layer fewer on the first and "
-               "on the last stage, for the embedding and the output layer (§3.3.2). Tokens per batch 16M. TFLOP/s are model "
-               "FLOPs in BF16 (the paper's MFU column). ")
+               "on the last stage, for the embedding and the output layer (§3.3.2). Tokens per batch 16M. TFLOP/s "
+               "are model FLOPs in BF16 (the paper's MFU column). ")
 
 
 def _llama3(gpus, cp, dp, seq, global_batch, batch_per_dp, tflops, mfu, recompute, extra=""):
@@ -335,10 +335,11 @@ def _nemotron(gpus):
 
 # ----------------------------------------------------------------------------- Korthikanti et al. 2022
 
-_KORTHIKANTI_SOURCE = ("V. Korthikanti, J. Casper, S. Lym, L. McAfee, M. Andersch, M. Shoeybi, B. Catanzaro, \"Reducing "
-                       "Activation Recomputation in Large Transformer Models\", MLSys 2023, arXiv:2205.05198: Table 3 "
-                       "(configurations) and Table 5 (end-to-end iteration time)")
-_KORTHIKANTI_NOTES = ("Selene, DGX A100 80GB nodes, Megatron-LM, mixed precision, one data-parallel replica. {mode}. "
+_KORTHIKANTI_SOURCE = ("V. Korthikanti, J. Casper, S. Lym, L. McAfee, M. Andersch, M. Shoeybi, B. Catanzaro, "
+                       "\"Reducing Activation Recomputation in Large Transformer Models\", MLSys 2023, "
+                       "arXiv:2205.05198: Table 3 (configurations) and Table 5 (end-to-end iteration time)")
+_KORTHIKANTI_NOTES = ("Selene, DGX A100 80GB nodes, Megatron-LM, mixed precision, one data-parallel replica. "
+                      "{mode}. "
                       "Iteration time {seconds} s (Table 5); the TFLOP/s are the model's FLOPs, 72·B·s·L·h²·(1 + "
                       "s/(6h) + V/(12·L·h)), over that time and the GPUs, the paper's MFU column times 312 (its 175B, "
                       "530B and 1T rows print 51.4, 56.0 and 56.3 % for the present work). The paper does not print "

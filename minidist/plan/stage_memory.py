@@ -8,15 +8,16 @@ from __future__ import annotations
 
 from minidist.parallel.mesh import coordinates
 from minidist.plan.memory import layer_activation_elements
-from minidist.plan.workload import (ACTIVATION_BYTES, Workload, block_weights, block_widths, bytes_per_param, chunk_layers,
-                                   config_for, padded_vocab)
+from minidist.plan.workload import (ACTIVATION_BYTES, Workload, block_weights, block_widths, bytes_per_param,
+                                   chunk_layers, config_for, padded_vocab)
 from minidist.training.layout import Layout
 
 
 # ----------------------------------------------------------------------------- parameters
 
 
-def rank_units(config, tp: int, pp: int, stage: int, virtual_stages: int = 1, ends_as_layers: bool = False) -> list[int]:
+def rank_units(config, tp: int, pp: int, stage: int, virtual_stages: int = 1,
+               ends_as_layers: bool = False) -> list[int]:
     """Parameters one rank of pipeline stage `stage` holds, as minidist's ZeRO units: the "root"
     (everything outside the blocks), then one entry per block (`parallel/zero.py` make_units).
 
@@ -115,7 +116,8 @@ def layer_activation_bytes(w: Workload, b: int, tp: int) -> float:
     if tp == 1:
         elements = layer_activation_elements(b, s, h, a, dropout=c.dropout > 0) - (n * h if a == 1 else 0) - scores
     else:
-        elements = 12 * n * h + 17 * n * h // tp + 2 * n + (a // tp) * b * s * s - (n * h // tp if a == tp else 0) - scores
+        elements = 12 * n * h + 17 * n * h // tp + 2 * n + (a // tp) * b * s * s - (n * h // tp if a == tp else 0)
+        elements -= scores
         if w.sequence_parallel:
             region = 10 * n * h + 2 * n
             elements += region // tp - region + 2 * n * h

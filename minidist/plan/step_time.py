@@ -237,7 +237,8 @@ def stage_costs(w, layout: Layout, cluster, b: int) -> tuple:
     gemm, _ = gemms_seconds(layer_gemms(b, s, h, a, t, kv, ffn, inputs == 2), cluster, item)
     # each stored activation written and read once forward (Korthikanti et al.'s bytes are 16-bit); the
     # forward moves the attention core's tensors whether or not selective recomputation keeps them
-    moved = 2 * layer_activation_bytes(replace(w, selective=False), b, t) * (item / 2 if w.activations == "megatron" else 1)
+    stored = layer_activation_bytes(replace(w, selective=False), b, t)
+    moved = 2 * stored * (item / 2 if w.activations == "megatron" else 1)
     # fixed costs of a layer pass, a third forward and two thirds backward: every layer's, and the
     # tensor-parallel layers' own (their f and g functions, the vocabulary-parallel loss: chapter 6)
     elementwise = moved / cluster.memory_bandwidth + (cluster.layer_overhead + (t > 1) * cluster.overhead("tp")) / 3
