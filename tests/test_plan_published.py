@@ -183,6 +183,19 @@ def test_activations_counted_for_the_block_the_run_has():
     assert megatron_layer_terms(llama) == (8, 2 + 4 * 8 / 128 + 2 + 6 * 53248 / 16384 + 4 * 128 / 16384, 0.0)
 
 
+@pytest.mark.parametrize("layers", [1, 4, 7, 126])
+def test_a_cut_with_the_ends_as_layers_covers_every_block_once(layers):
+    """Cut over n + 2 layers, the embedding and the head among them, every block lands in exactly one
+    chunk, in order, for any number of stages and chunks per stage up to one layer each; a stage may
+    hold no block, only the embedding or the head (Megatron Core allows it too)."""
+    from minidist.plan.workload import chunk_layers
+    for p in range(1, layers + 3):
+        for v in range(1, (layers + 2) // p + 1):
+            chunks = sorted(c for stage in range(p) for c in chunk_layers(layers, p, stage, v, True))
+            assert all(start <= end for start, end in chunks)
+            assert [i for start, end in chunks for i in range(start, end)] == list(range(layers)), (p, v)
+
+
 def test_llama_3_fits_as_meta_trained_it():
     """Llama 3 405B's 8K-token stage ran without recomputation on 80 GB H100s, with one layer
     fewer on the first and last stages (the paper's section 3.3.2). The planner agrees (about 73 GB
