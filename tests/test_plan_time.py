@@ -381,7 +381,14 @@ def test_the_fitted_wait_at_a_pipelines_end():
                 "all_reduce": [4e-5 * (1 + size / 2 ** 20) for size in ALL_REDUCE_SIZES], "message": 3e-4,
                 "engine": 5e-5, "drain": 0.009, "strategies": {"tp": 2e-4, "zero2": 1e-4, "zero3": 3e-4, "mesh": 3e-4}}
     cluster, facts = fit_cluster(config, args, measured)
-    assert cluster.cores == 1.8
+    assert (facts["effective_cores"], cluster.overhead_cores) == (1.8, 2)
+    share = facts["yardstick_python_share"]  # the array work gets fewer cores than the step as a whole
+    assert 0 < share < 1 and cluster.cores < 1.8
+    assert 1 / 1.8 == pytest.approx(share / 2 + (1 - share) / cluster.cores)
+    yardstick = demo_workload(config, 16 // 4)  # the model gives back the cores measured, on their own step
+    alone = predict(yardstick, Layout(), dataclasses.replace(cluster, gpus=1, gpus_per_node=1, cores=None))
+    together = predict(yardstick, Layout(), cluster)
+    assert together["step_seconds"] / alone["step_seconds"] == pytest.approx(4 / 1.8)
     engine_layout = Layout(pp=4, microbatches=ENGINE_MICROBATCHES)
     counted = predict(demo_workload(config, 16), engine_layout, dataclasses.replace(cluster, pipeline_sync=0.0))
     assert 0 < counted["outside_passes"] < 0.009

@@ -1,11 +1,13 @@
 """More ranks than cores (minidist/plan/shared_cores.py): a pipeline's schedule run with the cores
 shared among the ranks that compute, the ranks that wait taking no share. Small cases worked by hand."""
+import dataclasses
+
 import pytest
 
 from minidist.core.model import GPTConfig
 from minidist.parallel import schedules as S
 from minidist.plan.predict import BESIDE, Cluster, Workload, beside_pipeline, predict, stage_costs
-from minidist.plan.shared_cores import simulate_shared, without_latency
+from minidist.plan.shared_cores import overheads_only, pace, simulate_shared, without_latency
 from minidist.training.layout import Layout
 
 CFG = GPTConfig(vocab_size=64, block_size=32, n_layer=4, n_head=2, n_embd=32)
@@ -18,6 +20,28 @@ def makespan(events):
 
 def constant(seconds):
     return lambda stage, ins: seconds
+
+
+def test_pace_blends_the_two_rates():
+    """A rank's speed while k ranks compute: its array work at min(1, C/k), its Python-bound share at
+    min(1, C_py/k), one after the other (a harmonic blend)."""
+    assert pace(0.0, 4, 1.6) == pytest.approx(0.4)
+    assert pace(0.5, 4, 1.6, 2.0) == pytest.approx(1 / (0.5 / 0.5 + 0.5 / 0.4))
+    assert pace(0.5, 4, 1.6, 1.6) == pytest.approx(0.4)  # the same cores for both: one rate
+    assert pace(0.3, 1, 1.6, 2.0) == 1.0  # fewer computing than cores: full speed either way
+    assert pace(0.25, 2, 1.6, 2.0) == pytest.approx(1 / (0.25 + 0.75 / 0.8))
+
+
+def test_two_stages_with_a_python_bound_share_by_hand():
+    """As below (1F1B, p = 2, m = 2, 1 s of work a pass), a quarter of each pass Python-bound and
+    sharing 2 cores, the rest 1.5: alone a pass takes 1 s; two at once each at 1 / (0.25 + 0.75/0.75)
+    = 0.8 of a core, 1.25 s. F0 (0-1), F1 beside stage 1's F0 (-2.25), B0 on stage 1 (-3.25), B0 on
+    stage 0 beside F1 on stage 1 (-4.5), B1 (-5.5, -6.5)."""
+    events = simulate_shared(S.all_ranks("1f1b", 2, 2), constant(1.0), constant(0.0), 1, 1.5,
+                             constant(0.25), 2.0)
+    assert makespan(events) == pytest.approx(6.5)
+    assert [(e[0], round(e[3], 9)) for e in events[1]] == [("forward 0", 2.25), ("backward 0", 3.25),
+                                                           ("forward 1", 4.5), ("backward 1", 5.5)]
 
 
 def test_two_stages_on_one_and_a_half_cores_by_hand():
@@ -83,6 +107,32 @@ def test_the_planner_shares_the_cores_as_they_are():
     assert sum(four_shared[k] for k in parts) == pytest.approx(four_shared["step_seconds"])
     assert four_shared["sharing"] == pytest.approx(four_shared["step_seconds"] - critical["step_seconds"])
     assert predict(w, Layout(dp=4), Cluster(4, 4, 1e12, **LINKS, cores=8))["shared_cores_seconds"] is None
+
+
+def test_the_python_bound_share_shares_the_physical_cores():
+    """Cluster.overhead_cores: a layout without a pipeline has every rank computing at once, its
+    fixed costs (per layer pass, step) taking N / C_py times as long and the rest of its work N / C;
+    a four-stage pipeline with one micro-batch computes one stage at a time and keeps its passes'
+    time; overhead_cores equal to cores is the one-rate model."""
+    w = Workload(CFG, 16, 32, "fp32", "minidist", overlap=False)
+    own = Cluster(4, 4, 1e12, **LINKS, layer_overhead=2e-4, step_overhead=1e-3)
+    one, two = dataclasses.replace(own, cores=1.5), dataclasses.replace(own, cores=1.5, overhead_cores=2)
+    full, busy = predict(w, Layout(dp=4), own)["step_seconds"], predict(w, Layout(dp=4), without_latency(own))
+    python = predict(w, Layout(dp=4), overheads_only(own))["step_seconds"]
+    assert 0 < python < busy["step_seconds"]
+    assert python == pytest.approx(4 * 2e-4 + 1e-3)  # four layer passes and the step
+    expected = python * 4 / 2 + (busy["step_seconds"] - python) * 4 / 1.5 + (full - busy["step_seconds"])
+    assert predict(w, Layout(dp=4), two)["step_seconds"] == pytest.approx(expected)
+    assert predict(w, Layout(dp=4), one)["step_seconds"] > predict(w, Layout(dp=4), two)["step_seconds"]
+    same = dataclasses.replace(own, cores=1.5, overhead_cores=1.5)
+    for layout in (Layout(dp=4), Layout(pp=4, microbatches=4), Layout(pp=2, dp=2, microbatches=2)):
+        assert predict(w, layout, same)["step_seconds"] == pytest.approx(predict(w, layout, one)["step_seconds"])
+    alone = Layout(pp=4, microbatches=1, schedule="1f1b")
+    quiet = without_latency(own)
+    update, update_light = (sum(beside_pipeline(w, alone, c, stage_costs(w, alone, c, 16))[k] for k in BESIDE)
+                            for c in (quiet, overheads_only(own)))
+    assert predict(w, alone, two)["step_seconds"] == pytest.approx(
+        predict(w, alone, own)["step_seconds"] + update_light * (4 / 2 - 1) + (update - update_light) * (4 / 1.5 - 1))
 
 
 def test_the_planners_first_pass_bounds_the_simulation_from_below():

@@ -22,6 +22,7 @@ from minidist.comm.launch import run
 from minidist.core.model import GPTConfig
 from minidist.plan.hardware import measure_this_machine
 from minidist.plan.predict import Cluster, Workload, predict
+from minidist.plan.shared_cores import overheads_only
 from minidist.runtime import cores_available
 from minidist.training.layout import Layout
 
@@ -128,9 +129,16 @@ def fit_cluster(config: GPTConfig, args, measured: dict) -> tuple[Cluster, dict]
     link = 1 / max(beta, 1e-15)
     cores = measured["cores"]
     shared = min(cores, measured["effective_cores"]) if measured["effective_cores"] is not None else None
+    python_share = work_cores = None
+    if shared is not None:  # the yardstick's step, Python-bound part at the physical cores, the rest at C_w
+        step, alone = demo_workload(config, max(1, args.batch_size // n)), one_rank(overhead, per_step, bandwidth)
+        python_share = (predict(step, Layout(), overheads_only(alone))["step_seconds"]
+                        / predict(step, Layout(), alone)["step_seconds"])
+        work_cores = cores_for_the_rest(shared, python_share, cores)
     cluster = Cluster(n, n, float("inf"), link, alpha, link, alpha, peak, overhead, memory_bandwidth=bandwidth,
                       step_overhead=per_step, gemm=curve, p2p_latency=measured["message"],
-                      engine_overhead=measured["engine"], cores=shared, strategy_overhead=tuple(strategies.items()))
+                      engine_overhead=measured["engine"], cores=work_cores, strategy_overhead=tuple(strategies.items()),
+                      overhead_cores=cores if shared is not None else None)
     # the engine yardstick's pipeline from its drain to the step's end, less what the model counts there
     engine_run = predict(demo_workload(config, args.batch_size),
                          Layout(pp=min(n, config.n_layer), microbatches=math.gcd(args.batch_size, ENGINE_MICROBATCHES)),
@@ -146,12 +154,21 @@ def fit_cluster(config: GPTConfig, args, measured: dict) -> tuple[Cluster, dict]
              "memory_bandwidth": bandwidth, "memory_bandwidth_measured": measured["streamed"],
              "layer_overhead": overhead, "step_overhead": per_step, "cores": cores, "ranks": n,
              "effective_cores": shared, "effective_cores_each": measured.get("effective_cores_each"),
+             "yardstick_python_share": python_share, "work_cores": work_cores,
+             "overhead_cores": cores if shared is not None else None,
              "alpha": alpha, "beta": beta,
              "pipeline_message_seconds": measured["message"], "pipeline_engine_seconds": measured["engine"],
              "pipeline_drain_seconds": measured["drain"], "pipeline_sync_seconds": cluster.pipeline_sync,
              "all_reduce_seconds": {str(size): t for size, t in zip(ALL_REDUCE_SIZES, seconds)},
              "strategy_overhead": strategies, "strategy_overhead_per_microbatch": measured["strategies"]}
     return cluster, facts
+
+
+def cores_for_the_rest(measured: float, python_share: float, cores: int) -> float:
+    """The cores C_w the array work of shared ranks gets, when a step with `python_share` of its work
+    Python-bound (which shares the `cores` physical cores) got `measured` cores as a whole: the
+    step's time per core's work blends the two, 1/C = f/cores + (1 - f)/C_w (`plan.shared_cores`)."""
+    return (1.0 - python_share) / (1.0 / measured - python_share / cores)
 
 
 def calibrate(config: GPTConfig, args) -> tuple[Cluster, dict]:
@@ -177,7 +194,9 @@ def print_yardsticks(facts: dict, ranks: int, when: str = "") -> None:
     each = f" (the fastest of {', '.join(f'{t * 1e3:.1f}' for t in steps)})" if len(steps) > 1 else ""
     measured = facts.get("effective_cores_each") or []
     median = f", the median of {', '.join(f'{c:.2f}' for c in measured)}" if len(measured) > 1 else ""
-    shared = (f"{ranks} ranks share {facts['cores']} cores, as {facts['effective_cores']:.2f}{median}"
+    split = (f": their Python-bound {facts['yardstick_python_share']:.0%} of the step at {facts['overhead_cores']}, "
+             f"array work at {facts['work_cores']:.2f}" if facts.get("work_cores") else "")
+    shared = (f"{ranks} ranks share {facts['cores']} cores, as {facts['effective_cores']:.2f}{median}{split}"
               if facts["effective_cores"] else "a core per rank")
     print(f"yardsticks{when}: per core ({shared}) GEMMs at "
           f"{facts['gemm_peak_fraction']:.2f} x {facts['peak_flops'] / 1e9:.1f} GFLOP/s, half of that at "

@@ -26,7 +26,7 @@ from minidist.plan.step_time import (all_reduce_seconds, data_parallel_seconds, 
                                      gradient_passes_seconds, group_span, half_seconds, message_split,
                                      optimizer_seconds, pipeline_estimate, pipeline_seconds, pp_messages,
                                      stage_costs, strategy_overhead_seconds, tp_calls)
-from minidist.plan.shared_cores import all_at_once, shared_cores_seconds, without_latency
+from minidist.plan.shared_cores import all_at_once, overheads_only, shared_cores_seconds, without_latency
 from minidist.plan.workload import (ACTIVATION_BYTES, STATE_BYTES, Cluster, GemmCurve, Workload,  # noqa: F401
                                     bytes_per_param, chunk_layers, config_for, padded_vocab)
 from minidist.training.layout import Layout
@@ -65,8 +65,14 @@ def predict(w: Workload, layout: Layout, cluster: Cluster, simulate: bool = True
         quiet = without_latency(cluster)                # works at the speed the shared cores allow
         busy = stage_costs(w, layout, quiet, b)
         outside_busy = sum(beside_pipeline(w, layout, quiet, busy)[k] for k in BESIDE)
-        shared = shared_cores_seconds(layout, cluster, costs, busy, outside, outside_busy, simulate)
-        outside = all_at_once(outside, outside_busy, cluster)
+        light, outside_light = None, 0.0
+        if cluster.overhead_cores is not None:  # the Python-bound part of that work shares more cores
+            python = overheads_only(cluster)
+            light = stage_costs(w, layout, python, b)
+            outside_light = sum(beside_pipeline(w, layout, python, light)[k] for k in BESIDE)
+        shared = shared_cores_seconds(layout, cluster, costs, busy, outside, outside_busy, simulate, light,
+                                      outside_light)
+        outside = all_at_once(outside, outside_busy, cluster, outside_light)
     # after the drain, the step's collectives (tied embedding, gradient norm) wait for the stages
     # that went idle first and slept (Cluster.pipeline_sync)
     sync = cluster.pipeline_sync if p > 1 else 0.0

@@ -60,6 +60,8 @@ class Cluster:
                                       # sends, polling, bookkeeping): idle, as a run measures it
     cores: float | None = None  # CPU cores the ranks share (None: a device each); with fewer cores than
                                 # ranks a step takes at least the ranks' busy time spread over the cores
+    overhead_cores: float | None = None  # the cores the Python-bound part of that work (the fixed costs:
+                                         # per layer pass, step, engine, strategy) shares; None: `cores`
     strategy_overhead: tuple = ()  # ((engine, s), ...): what a strategy's own bookkeeping adds beyond plain
                                    # training: per layer pass ("tp"), per unit and micro-batch ("zero2",
                                    # "zero3"), per micro-batch ("mesh"); minidist's Python, measured on one rank
