@@ -260,9 +260,23 @@ def test_cli_ranks_sharing_cores(tmp_path, capsys):
     assert pp_apart < pp_shared < 1.05 * pp_apart
 
 
+def test_the_fixed_costs_can_share_other_cores(tmp_path, capsys):
+    """--overhead-cores: the per-layer fixed cost shares those cores, the array work --cores. With a
+    large fixed cost, dp 4 on 1.5 cores for the arrays and 2 for the fixed costs lies between 1.5
+    cores for all and 2 for all."""
+    steps = []
+    for flags in (["--cores", "1.5"], ["--cores", "1.5", "--overhead-cores", "2"], ["--cores", "2"]):
+        path = tmp_path / "plan.json"
+        assert main(["--gpus", "4", "--layer-overhead", "2000", "--layout", "dp4", *flags, "--json", str(path)]) == 0
+        steps.append({r["name"]: r for r in json.loads(path.read_text())["layouts"]}["dp4"]["step_seconds"])
+    assert "(2 for the fixed costs)" in capsys.readouterr().out
+    assert steps[0] > steps[1] > steps[2]
+
+
 @pytest.mark.parametrize("argv,words", [
     (["--gpus", "4", "--n-embd", "130"], "--n-embd 130 is not divisible by --n-head 4"),
     (["--gpus", "4", "--cores", "0"], "argument --cores"),
+    (["--gpus", "4", "--overhead-cores", "2"], "--overhead-cores needs --cores"),
     (["--gpus", "7"], "no valid layout of 7 devices"),
     (["--gpus", "0"], "argument --gpus"),
     (["--gpus", "4", "--zero", "4"], "argument --zero"),

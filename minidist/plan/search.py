@@ -222,6 +222,9 @@ def build_parser():
     p.add_argument("--cores", type=cli.number(0.001),
                    help="CPU cores the ranks share, when they outnumber them (4 ranks on a 2-core laptop): the "
                         "ranks computing at a moment share them, the waiting ones take none (default: a device each)")
+    p.add_argument("--overhead-cores", type=cli.number(0.001),
+                   help="with --cores: the cores the Python-bound fixed costs (--layer-overhead) share, while the "
+                        "array work shares --cores (bench plan measures both; default: --cores for both)")
     p.add_argument("--layout", metavar="NAME", help="predict this one layout (e.g. dp4-tp8-pp12-m96) and its rank")
     p.add_argument("--explain", metavar="NAME", help="this layout's breakdown, and why it lost to the best")
     p.add_argument("--global-batch", type=positive, help="sequences per step (default: the preset's)")
@@ -290,7 +293,7 @@ def setup(args) -> tuple[Workload, Cluster]:
         ("gpus_per_node", "gpus_per_node", 1), ("memory", "memory", 1e9), ("intra_bw", "intra_bandwidth", 1e9),
         ("intra_latency", "intra_latency", 1e-6), ("inter_bw", "inter_bandwidth", 1e9),
         ("inter_latency", "inter_latency", 1e-6), ("tflops", "flops", 1e12), ("cores", "cores", 1),
-        ("rails", "rails", 1))
+        ("overhead_cores", "overhead_cores", 1), ("rails", "rails", 1))
         if getattr(args, flag) is not None}
     cluster = Cluster.of(device, args.gpus, precision, layer_overhead=args.layer_overhead * 1e-6, **changes)
     return workload, cluster
@@ -352,6 +355,8 @@ def main(argv=None) -> int:
         return 0
     if args.gpus is None:
         parser.error("--gpus N is required (the devices to plan for)")
+    if args.overhead_cores is not None and args.cores is None:
+        parser.error("--overhead-cores needs --cores (the cores the rest of the work shares)")
     try:
         workload, cluster = setup(args)
         asked = [Layout.parse(name) for name in (args.layout, args.explain) if name]
@@ -391,6 +396,8 @@ def main(argv=None) -> int:
           f"{cluster.gpus} devices ({nodes} node{'s' * (nodes > 1)} of {cluster.gpus_per_node}, "
           f"{format_bytes(cluster.memory)} each"
           + (f", sharing {cluster.cores:g} cores" if cluster.cores and cluster.cores < cluster.gpus else "")
+          + (f" ({cluster.overhead_cores:g} for the fixed costs)" if cluster.overhead_cores and cluster.cores
+             and cluster.cores < cluster.gpus else "")
           + f"): {len(rows)} valid layout{'s' * (len(rows) != 1)}")
     if args.layout:
         row = next(r for r in rows if r["name"] == str(Layout.parse(args.layout)))
