@@ -155,8 +155,6 @@ def shared_cores_seconds(layout, cluster, costs: tuple, busy: tuple, beside: flo
     def per_stage(chunks):
         return m * sum(x.forward + x.backward for x in chunks)
 
-    if cluster.overhead_cores is None:
-        light = None
     if p == 1:
         passes = all_at_once(per_stage(costs[0]), per_stage(busy[0]), cluster, per_stage(light[0]) if light else 0.0)
     elif simulate:
@@ -167,7 +165,7 @@ def shared_cores_seconds(layout, cluster, costs: tuple, busy: tuple, beside: flo
         python = sum(per_stage(chunks) for chunks in light) if light else 0.0
         work_over_cores = spread(work, python, cluster.gpus, cluster) / p  # each stage's ranks at once
         passes = max(pipeline_estimate(costs, p, m, v), work_over_cores)
-    return passes + all_at_once(beside, beside_busy, cluster, beside_light if light else 0.0)
+    return passes + all_at_once(beside, beside_busy, cluster, beside_light)
 
 
 def spread(work: float, light: float, ranks: int, cluster) -> float:
