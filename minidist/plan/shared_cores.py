@@ -170,9 +170,8 @@ def shared_cores_seconds(layout, cluster, costs: tuple, busy: tuple, beside: flo
 
 def spread(work: float, light: float, ranks: int, cluster) -> float:
     """Seconds that `work` seconds of a core's work take when `ranks` ranks compute at once, `light`
-    of it Python-bound (at `cluster.overhead_cores`), the rest at `cluster.cores`."""
-    light_cores = cluster.overhead_cores or cluster.cores
-    return light * max(1.0, ranks / light_cores) + (work - light) * max(1.0, ranks / cluster.cores)
+    of it Python-bound (at `cluster.overhead_cores`), the rest at `cluster.cores` (`pace`)."""
+    return work / pace(light / work, ranks, cluster.cores, cluster.overhead_cores) if work else 0.0
 
 
 def all_at_once(seconds: float, work: float, cluster, light: float = 0.0) -> float:
