@@ -68,14 +68,13 @@ def measure_yardsticks(config: GPTConfig, args) -> dict:
 
 def least_disturbed(*measurements: dict) -> dict:
     """Several measurements of the yardsticks (before the layouts and after each pass) as one: each
-    time the smallest, each speed the largest, as each layout's step is its fastest; the three serial
-    steps together, from the measurement whose batch step was fastest (their fits take differences,
-    which must come from one measurement); the strategies' own costs, differences of two times, their mean;
+    time the smallest, each speed the largest, as each layout's step is its fastest (the three serial
+    steps too, each its own fastest); the strategies' own costs, differences of two times, their mean;
     the cores shared ranks get, a ratio of two times taken in turns (a disturbance moves it either
     way), the median."""
     first = measurements[0]
     merged = dict(first)
-    merged["serial"] = min((m["serial"] for m in measurements), key=lambda serial: serial["batch"])
+    merged["serial"] = {name: min(m["serial"][name] for m in measurements) for name in first["serial"]}
     merged["peak"] = max(m["peak"] for m in measurements)
     merged["streamed"] = max(m["streamed"] for m in measurements)
     merged["gemms"] = [(flops, min(m["gemms"][i][1] for m in measurements)) for i, (flops, _) in enumerate(first["gemms"])]

@@ -138,8 +138,9 @@ def time_shared_steps(config: GPTConfig, batch: int, rounds: int = 20) -> list[t
 def time_serial_steps(flag_sets: dict, rounds: int = 10) -> dict:
     """Rank program (one rank): the demo's serial step under each set of demo flags (`flag_sets`:
     name -> flags), each trainer built as the demo builds it (`strategies.make_trainer`) and all of
-    them stepped in turn, `rounds` times: seconds per step, a list per name. In turn, so that a
-    machine that changes speed moves them alike: the fits take differences of these steps."""
+    them stepped in turn, `rounds` times: seconds per step, a list per name. In turn, so that each
+    gets as many chances as the others to find the machine quiet (`serial_yardsticks` keeps the
+    fastest of each)."""
     from minidist.comm import get_world
     from minidist.core.kernels import kernels
     from minidist.core.tensor import set_default_dtype
@@ -169,14 +170,13 @@ def steps_in_turn(trainers: dict, rounds: int) -> dict:
     return seconds
 
 
-def serial_yardsticks(seconds: dict, baseline: str = "batch") -> dict:
-    """`time_serial_steps`' rounds as one time per name: the baseline's fastest step after the first,
-    and every other name that plus the median of its rounds' differences from the baseline (a round's
-    steps ran back to back, under the same conditions)."""
-    base = seconds[baseline][1:]
-    fastest = float(min(base))
-    return {name: fastest if name == baseline else
-            fastest + float(np.median(np.subtract(times[1:], base))) for name, times in seconds.items()}
+def serial_yardsticks(seconds: dict) -> dict:
+    """`time_serial_steps`' rounds as one time per name: its fastest step after the first (the least
+    disturbed, as every other yardstick is kept). Not a baseline's fastest plus the median of each
+    round's differences from it: a machine's slow phase slows every step by a share, not by the same
+    milliseconds, so a 10 ms step's difference from a 90 ms one shrinks by the share of 90 ms (one
+    sequence's step came out 3.5 ms, where its fastest was 12 ms) and the three fits disagreed."""
+    return {name: float(min(times[1:] or times)) for name, times in seconds.items()}
 
 
 def effective_cores(config: GPTConfig, batch: int, ranks: int, timeout: float) -> float:
