@@ -174,8 +174,8 @@ def serial_yardsticks(seconds: dict) -> dict:
     """`time_serial_steps`' rounds as one time per name: its fastest step after the first (the least
     disturbed, as every other yardstick is kept). Not a baseline's fastest plus the median of each
     round's differences from it: a machine's slow phase slows every step by a share, not by the same
-    milliseconds, so a 10 ms step's difference from a 90 ms one shrinks by the share of 90 ms (one
-    sequence's step came out 3.5 ms, where its fastest was 12 ms) and the three fits disagreed."""
+    milliseconds, so a 10 ms step's difference from a 90 ms one shrinks by the share of 90 ms, and
+    the three fits (`fit_serial_costs`) disagree."""
     return {name: float(min(times[1:] or times)) for name, times in seconds.items()}
 
 
