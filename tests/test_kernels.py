@@ -250,3 +250,45 @@ def test_fast_attention_hands_back_heads_side_by_side():
     out, gq, gk, gv = run("fast", lambda a, b, c: F.scaled_dot_product_attention(a, b, c, causal=True), q, k, v)
     assert out.shape == (2, 3, 4, 6) and out.flags.c_contiguous
     assert all(g.transpose(0, 2, 1, 3).flags.c_contiguous for g in (gq, gk, gv))
+
+
+@pytest.mark.parametrize("gap", [0.0, 8.0, 30.0, 1000.0])
+@pytest.mark.parametrize("tq", [6, 4])
+def test_causal_softmax_with_scores_far_above_the_diagonal(gap, tq):
+    """The fast causal softmax shifts each row by its query's score with its own key, not by its
+    max; a row whose max lies far above that (here two rows of every matrix, `gap` units) must not
+    overflow: those rows are done again from their maxima. The weights agree with the plain
+    path's to 1e-12 and every row sums to 1, at every gap, with queries aligned to the last keys."""
+    from minidist.core import fused, fused_fast
+
+    scores = array(3, 2, tq, 6, seed=4)
+    scores[..., 0, 6 - tq] -= gap      # the first query's own key
+    scores[..., -1, 0] += gap          # the last query's first key
+    bias = fused._causal_mask(tq, 6, np.dtype(np.float64))
+    plain = fused._softmax(0.5 * scores + bias, -1)
+    fast = fused_fast._causal_softmax(scores.copy(), 0.5)
+    assert relative_difference(fast, plain) < 1e-12
+    np.testing.assert_allclose(fast.sum(-1), 1.0, rtol=1e-14)
+    np.testing.assert_array_equal(fast[..., 0, 7 - tq:], 0.0)
+
+
+@pytest.mark.parametrize("op", ["gelu", "attention"])
+def test_float32_both_ways(op):
+    """float32 takes its own forms on the fast path (GELU's sigmoid from tanh, not exp); the two
+    paths agree to float32's rounding, forward and backward (relative to each array's largest
+    value: single entries near 0 come out of sums that cancel)."""
+    def f(*xs):
+        if op == "gelu":
+            return F.gelu(xs[0])
+        return F.scaled_dot_product_attention(*xs, causal=True)
+    shapes = [(4, 64, 32)] if op == "gelu" else [(2, 3, 16, 8)] * 3
+    arrays = [3 * array(*shape, seed=i).astype(np.float32) for i, shape in enumerate(shapes)]
+    runs = {}
+    for path in PATHS:
+        with kernels(path):
+            leaves = [Tensor(a.copy(), requires_grad=True) for a in arrays]
+            out = f(*leaves)
+            out.backward(array(*out.shape, seed=99).astype(np.float32))
+        runs[path] = [out.data] + [leaf.grad for leaf in leaves]
+    for a, b in zip(runs["fast"], runs["plain"]):
+        assert a.dtype == b.dtype == np.float32 and relative_difference(a, b) < 1e-5

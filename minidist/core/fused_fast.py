@@ -14,9 +14,9 @@ are three:
   what its own forward saved, because the engine runs backward once per graph and then frees it.
 - Run a chain of elementwise passes block by block through the CPU cache (`_blocks`) instead of
   streaming whole arrays from main memory once per pass.
-- Leave NumPy's slow paths: a matrix-vector product for row means and sums (BLAS gemv), `fmax`
-  for row maxima, no masked (`where=`) ufuncs (they leave the vector loops), and no -inf into
-  float64 exp (which does too).
+- Leave NumPy's slow paths: a matrix-vector product for row means and sums (BLAS gemv), no short
+  reductions where a view will do (the causal softmax shifts rows by the diagonal), no masked
+  (`where=`) ufuncs (they leave the vector loops), and no -inf into float64 exp (which does too).
 """
 from __future__ import annotations
 
@@ -138,7 +138,8 @@ class LayerNorm(fused.LayerNorm):
 class GELU(fused.GELU):
     """The plain formula in another form, as chains of in-place passes run block by block in the
     cache: 0.5 (1 + tanh(u)) is the logistic sigmoid of 2u, so GELU(x) = x / (1 + exp(-2u)), and
-    NumPy's exp is about twice as fast as its tanh in float64."""
+    NumPy's exp is about twice as fast as its tanh in float64 (in float32 its tanh is the faster,
+    so float32 takes the sigmoid as 0.5 + 0.5 tanh(u)). Backward starts from the saved sigmoid."""
 
     @staticmethod
     def forward(ctx, x):
@@ -161,12 +162,20 @@ class GELU(fused.GELU):
 
 def _gelu_forward(x, y, sig):
     np.multiply(x, x, out=sig)
-    sig *= -2 * 0.044715 * _GELU_C
-    sig -= 2 * _GELU_C
-    sig *= x                                    # -2u = -2c (x + 0.044715 x^3)
-    np.exp(sig, out=sig)
-    sig += 1.0
-    np.divide(1.0, sig, out=sig)                # sigmoid(2u) = 0.5 (1 + tanh(u)), kept for backward
+    if sig.dtype == np.float32:                 # float32's tanh is faster than its exp and a reciprocal
+        sig *= 0.044715 * _GELU_C
+        sig += _GELU_C
+        sig *= x                                # u = c (x + 0.044715 x^3)
+        np.tanh(sig, out=sig)
+        sig *= 0.5
+        sig += 0.5                              # sigmoid(2u) = 0.5 (1 + tanh(u))
+    else:
+        sig *= -2 * 0.044715 * _GELU_C
+        sig -= 2 * _GELU_C
+        sig *= x                                # -2u = -2c (x + 0.044715 x^3)
+        np.exp(sig, out=sig)
+        sig += 1.0
+        np.divide(1.0, sig, out=sig)            # sigmoid(2u), kept for backward
     np.multiply(x, sig, out=y)                  # y = x sigmoid(2u)
 
 
@@ -252,31 +261,56 @@ def _causal_masks(t_q: int, t_k: int, dtype) -> tuple[np.ndarray, np.ndarray]:
 def _causal_softmax(scores, scale=1.0):
     """Softmax over the last axis of scale * scores (..., T_q, T_k) under the causal mask, in
     place, block by block in the cache; masked keys get weight exactly 0. (The scale, a positive
-    number, is applied after the max is subtracted: max(scale * s) = scale * max(s).)
+    number, is applied after the shift: scale * s - scale * d = scale * (s - d).)
 
-    Plain passes only: NumPy's masked (`where=`) max and exp leave their vector loops (5-20 times
-    slower), `fmax` reduces faster than `max`, and float64 exp slows down on -inf, so the masked
-    entries are kept finite and zeroed by a multiply. Row sums as a matrix-vector product.
+    The number subtracted from a row before exp need not be its max: the row's sum divides it out
+    again, and any number keeps exp in range unless the row's scores rise far above it. Each row
+    here subtracts its query's score with its own key (the diagonal, always kept), a strided view:
+    row maxima would be T_q short reductions per matrix, slow in NumPy. Rows whose sum comes out
+    above `_FAR_ABOVE` (a score far above the diagonal: exp may overflow, and its arguments round
+    coarsely) are done again from their maxima. Every choice is the row's own, so a row never
+    depends on later queries, to the last bit (the model's causality, tests/test_model.py).
+
+    Plain passes only: NumPy's masked (`where=`) exp leaves its vector loop (5-20 times slower)
+    and float64 exp slows down on -inf, so there the masked entries are zeroed by multiplies
+    with the 0/1 mask instead. Row sums as a matrix-vector product.
     """
     t_k = scores.shape[-1]
     bias, keep = _causal_masks(*scores.shape[-2:], scores.dtype)
     ones = np.ones(t_k, dtype=scores.dtype)
-    finite = scores.dtype == np.float64  # float64 exp leaves its vector loop on -inf
-    for s, t in _blocks(scores, whole=2, scratch=1):  # t: one block of scratch
-        np.add(s, bias, out=t)                         # -inf where masked: left out of the max
-        row_max = np.fmax.reduce(t, axis=-1, keepdims=True)
-        if finite:
-            np.subtract(s, row_max, out=t)
-            np.minimum(t, 0.0, out=t)                  # kept entries are <= 0; masked ones now too
-        else:
-            t -= row_max                               # masked entries stay -inf
-        if scale != 1.0:
-            t *= scale
-        np.exp(t, out=s)
-        if finite:
-            s *= keep                                  # the masked weights: exactly 0
-        s *= 1.0 / (s.reshape(-1, t_k) @ ones).reshape(*s.shape[:-1], 1)
+    for s, t in _blocks(scores, whole=2, scratch=1):  # t: one block of scratch; s keeps the scores until the end
+        own = np.diagonal(s, offset=t_k - s.shape[-2], axis1=-2, axis2=-1)[..., None]  # query i's own key
+        sums = _shifted_exp(s, t, own, scale, bias, keep, ones)
+        far = ~(sums <= _FAR_ABOVE)                    # (NaN too)
+        if far.any():                                  # those rows again, each from its own max
+            masked = (s + bias).reshape(-1, t_k)[far]  # -inf where masked
+            redone = np.exp(scale * (masked - np.fmax.reduce(masked, axis=-1, keepdims=True)))
+            t.reshape(-1, t_k)[far] = redone
+            sums[far] = redone @ ones
+        np.multiply(t, 1.0 / sums.reshape(*t.shape[:-1], 1), out=s)
     return scores
+
+
+_FAR_ABOVE = 2.0 ** 16  # a row's sum of exp(scale (s - own)) above this: some score > 11 above its diagonal
+
+
+def _shifted_exp(s, t, own, scale, bias, keep, ones):
+    """t = exp(scale * (s - own)) where the causal mask keeps an entry, 0 where it does not;
+    returns the row sums. float64 exp slows down on -inf, so there the masked entries are
+    zeroed before exp (exp(0) = 1) and after it, by multiplies with `keep`."""
+    if t.dtype == np.float64:
+        np.subtract(s, own, out=t)
+        t *= keep
+    else:
+        np.add(s, bias, out=t)                         # -inf where masked
+        t -= own
+    if scale != 1.0:
+        t *= scale
+    with np.errstate(over="ignore"):                 # a score far above its diagonal: inf, and the row is redone
+        np.exp(t, out=t)
+    if t.dtype == np.float64:
+        t *= keep                                      # the masked weights: exactly 0
+    return t.reshape(-1, t.shape[-1]) @ ones
 
 
 # ----------------------------------------------------------------------------- cross-entropy
