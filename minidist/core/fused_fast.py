@@ -291,7 +291,7 @@ def _causal_softmax(scores, scale=1.0):
     return scores
 
 
-_FAR_ABOVE = 2.0 ** 16  # a row's sum of exp(scale (s - own)) above this: some score > 11 above its diagonal
+_FAR_ABOVE = 2.0 ** 16  # a row's sum of exp(scale (s - own)) above this: a score over 11 - ln(T_k) above the diagonal
 
 
 def _shifted_exp(s, t, own, scale, bias, keep, ones):
