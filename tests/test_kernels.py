@@ -283,12 +283,6 @@ def test_float32_both_ways(op):
         return F.scaled_dot_product_attention(*xs, causal=True)
     shapes = [(4, 64, 32)] if op == "gelu" else [(2, 3, 16, 8)] * 3
     arrays = [3 * array(*shape, seed=i).astype(np.float32) for i, shape in enumerate(shapes)]
-    runs = {}
-    for path in PATHS:
-        with kernels(path):
-            leaves = [Tensor(a.copy(), requires_grad=True) for a in arrays]
-            out = f(*leaves)
-            out.backward(array(*out.shape, seed=99).astype(np.float32))
-        runs[path] = [out.data] + [leaf.grad for leaf in leaves]
-    for a, b in zip(runs["fast"], runs["plain"]):
+    fast, plain = (run(path, f, *arrays) for path in ("fast", "plain"))
+    for a, b in zip(fast, plain):
         assert a.dtype == b.dtype == np.float32 and relative_difference(a, b) < 1e-5
