@@ -351,11 +351,11 @@ def test_demo_flags():
 
 DECISIONS = [  # chapter 9, "Which framework, which layout": (model, batch, precision, gpus, recompute, zero, the best)
     pytest.param(dict(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768), 512, False, 8, (0, 1, 2, 3),
-                 "dp8-zero2-m2", id="gpt2-8"),
+                 "dp8-zero1-m2", id="gpt2-8"),
     pytest.param(dict(vocab_size=50304, block_size=2048, n_layer=24, n_head=16, n_embd=2048), 512, True, 8, (0, 1, 2, 3),
-                 "dp8-zero2", id="1.3b-8"),
+                 "dp8-zero1", id="1.3b-8"),
     pytest.param(dict(vocab_size=51200, block_size=2048, n_layer=32, n_head=32, n_embd=4096), 512, True, 64, (0, 1, 2, 3),
-                 "dp32-tp2", id="7b-64"),
+                 "dp64-zero1", id="7b-64"),
     pytest.param(dict(vocab_size=51200, block_size=2048, n_layer=96, n_head=96, n_embd=12288), 1536, False, 1024,
                  (0, 1, 2, 3), "dp32-tp8-pp4-zero1-m48", id="175b-1024"),
     pytest.param(dict(vocab_size=51200, block_size=2048, n_layer=128, n_head=160, n_embd=25600), 3072, True, 3072, (0, 1),

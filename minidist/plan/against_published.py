@@ -30,7 +30,8 @@ from minidist.training.layout import Layout
 def workload_of(run: PublishedRun) -> Workload:
     """The run's model and batch as the planner sees them. Megatron-LM 2021's own data parallelism
     all-reduced the gradients after backward (no overlap); PyTorch's DDP (Table 1's smaller models),
-    DeepSpeed's ZeRO-3 and Llama 3's FSDP overlap theirs, and PyTorch's DDP keeps its buckets as a
+    DeepSpeed's ZeRO-3, Llama 3's FSDP and the distributed optimizer of Nemotron-4's Megatron-LM (its
+    overlap flags on in NVIDIA's recipes) overlap theirs, and PyTorch's DDP keeps its buckets as a
     second copy of the gradients; and Megatron-LM's pipelined schedules never enter DDP's no_sync
     (megatron/schedules.py: only `forward_backward_no_pipelining` does), so with PyTorch's DDP a
     pipeline stage would all-reduce its gradients in every micro-batch's backward

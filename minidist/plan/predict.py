@@ -114,7 +114,8 @@ def beside_pipeline(w: Workload, layout: Layout, cluster: Cluster, costs: tuple)
     layers = max(1, w.config.n_layer // (p * layout.virtual_stages))
     first = costs[0][0]  # the first stage finishes its backward last
     dp_time, dp_sent = data_parallel_seconds(w, layout, cluster, params, first.backward,
-                                             (first.forward / layers, first.backward / layers))
+                                             (first.forward / layers, first.backward / layers),
+                                             first_forward=first.forward)
     return {"embedding": all_reduce_seconds(embedding, "embedding", layout, cluster) if embedding else 0.0,
             "embedding_bytes": embedding, "dp": dp_time, "dp_sent": dp_sent,
             "optimizer": optimizer_seconds(params, layout.zero, d, cluster) + cluster.step_overhead,

@@ -333,6 +333,35 @@ def _nemotron(gpus):
         ffn_hidden=73728, tie_embeddings=False, reports_mfu=True, notes=_NEMOTRON_NOTES.format(step=step))
 
 
+_NEMOTRON_15B_SOURCE = ("J. Parmar et al. (NVIDIA), \"Nemotron-4 15B Technical Report\", arXiv:2402.16819, Table 1 "
+                        "(architecture) and Table 2 (training: batch size ramp-up with MFU)")
+_NEMOTRON_15B_NOTES = ("Nemotron-4 15B: 32 layers, hidden 6,144, 48 attention heads with 8 key/value heads (GQA), MLP "
+                       "24,576 wide (4h) with squared ReLU, no biases, no dropout, untied input and output embeddings, "
+                       "vocabulary 256,000, sequence 4,096, RoPE; 3.2B embedding and 12.5B non-embedding parameters. "
+                       "384 DGX H100 nodes (8 x H100 80GB SXM5, NVLink/NVSwitch, 8 x 400 Gb/s InfiniBand per node). "
+                       "\"8-way tensor parallelism and data parallelism\" with a distributed optimizer sharding the "
+                       "optimizer state over the data-parallel replicas (recorded zero=1); micro-batch and recomputation "
+                       "not stated. Three rows of its batch ramp-up (data-parallel size, GPUs, batch, MFU of 989 "
+                       "TFLOP/s in BF16). Not confirmed against the report's own text: the data-parallel sizes, GPUs, batches "
+                       "and MFU as a published summary of its Table 2 gives them. NVIDIA's NeMo launcher recipe for this "
+                       "model (NeMo-Framework-Launcher conf/training/nemotron/nemotron_15b.yaml) runs the distributed "
+                       "optimizer with overlap_grad_sync and overlap_param_sync.")
+
+# GPUs: (data-parallel size, batch, MFU %), Nemotron-4 15B report Table 2
+NEMOTRON_15B_TABLE_2: dict[int, tuple] = {768: (96, 384, 34.3), 1536: (192, 768, 33.3), 2304: (288, 1152, 30.5)}
+
+
+def _nemotron_15b(gpus):
+    dp, batch, mfu = NEMOTRON_15B_TABLE_2[gpus]
+    return PublishedRun(
+        name=f"Nemotron-4 15B, {gpus} GPUs", source=_NEMOTRON_15B_SOURCE,
+        device="h100-80gb-sxm", gpus=gpus, gpus_per_node=8, n_layer=32, n_embd=6144, n_head=48,
+        vocab_size=256000, seq=4096, global_batch=batch, tp=8, pp=1, dp=dp, micro_batch=None, zero=1,
+        virtual_stages=None, sequence_parallel=False, context_parallel=1, recompute="unknown", precision="mixed",
+        tflops_per_gpu=round(mfu / 100 * 989.5, 1), parameters=15.7e9, framework="megatron-lm", n_kv_head=8,
+        ffn_hidden=24576, tie_embeddings=False, reports_mfu=True, dropout=False, notes=_NEMOTRON_15B_NOTES)
+
+
 # ----------------------------------------------------------------------------- Korthikanti et al. 2022
 
 _KORTHIKANTI_SOURCE = ("V. Korthikanti, J. Casper, S. Lym, L. McAfee, M. Andersch, M. Shoeybi, B. Catanzaro, "
@@ -406,6 +435,7 @@ OTHER_RUNS: tuple[PublishedRun, ...] = (
             "Long-context stage. arXiv v3 prints DP 8 (8 x 16 x 16 x 8 = 16,384); other copies of the paper print "
             "DP 4, which does not multiply out to 16,384 GPUs. All-gather based context parallelism."),
     _nemotron(1536), _nemotron(3072), _nemotron(6144),
+    _nemotron_15b(768), _nemotron_15b(1536), _nemotron_15b(2304),
 )
 
 ALL_RUNS: tuple[PublishedRun, ...] = NARAYANAN_TABLE_1 + NARAYANAN_TABLE_2 + OTHER_RUNS + KORTHIKANTI_RUNS

@@ -22,7 +22,9 @@ at the level where time is actually spent:
 * **Data parallelism** overlaps what can overlap: stage 0's bucketed all-reduce runs during the
   last micro-batch's backward, except its last bucket (during every micro-batch's with
   `sync_every_microbatch`: PyTorch's DDP in Megatron-LM's pipelines); ZeRO-1 reduce-scatters after backward and
-  all-gathers after the step; ZeRO-2 reduce-scatters during each micro-batch's backward; ZeRO-3
+  all-gathers after the step, or with `overlap` (Megatron-LM's distributed optimizer with its
+  overlap flags) reduce-scatters behind the last backward and all-gathers ahead of the next step's
+  first forward, each but one bucket hidden; ZeRO-2 reduce-scatters during each micro-batch's backward; ZeRO-3
   gathers each layer's weights one layer ahead, so each gather hides behind one layer's compute
   and shows when that compute is shorter. `overlap=False` (Megatron-LM 2021) sends after backward.
 * **The optimizer**: AdamW reads and writes every parameter's states once: memory bandwidth.
@@ -315,12 +317,14 @@ def gradient_passes_seconds(w, layout: Layout, cluster, params: float) -> float:
 
 
 def data_parallel_seconds(w, layout: Layout, cluster: Cluster, params: float, last_backward: float,
-                          layer_compute: tuple[float, float], bucket_bytes: float = 25e6) -> tuple[float, float]:
+                          layer_compute: tuple[float, float], bucket_bytes: float = 25e6,
+                          first_forward: float = 0.0) -> tuple[float, float]:
     """(exposed seconds, bytes sent per rank) of the data-parallel traffic (module docstring).
 
     `params`: parameters of this rank's stage shard; `last_backward`: the last micro-batch's
     backward on this stage (what a bucketed all-reduce hides behind); `layer_compute`: one layer's
-    (forward, backward) per micro-batch (what one ZeRO-3 gather hides behind). Communication that
+    (forward, backward) per micro-batch (what one ZeRO-3 gather hides behind); `first_forward`: the
+    first micro-batch's forward (what an overlapped ZeRO-1 all-gather hides behind). Communication that
     hides is not free: the compute beside it loses `cluster.overlap_cost` of each hidden second."""
     d, z, m = layout.dp, layout.zero, layout.microbatches
     if d == 1:
@@ -342,6 +346,11 @@ def data_parallel_seconds(w, layout: Layout, cluster: Cluster, params: float, la
             return m * once, m * 2 * ring * grads
         return once, 2 * ring * grads
     if z == 1:
+        if w.overlap:  # Megatron-LM's distributed optimizer overlapping both halves (and FSDP's ZeRO-2 in a pipeline):
+            # the reduce-scatter in buckets behind the last backward, the next step's all-gather bucket by
+            # bucket ahead of the first micro-batch's forward
+            return (max(shown(rs, last_backward), rs * min(1.0, bucket_bytes / grads))
+                    + max(shown(ag, first_forward), ag * min(1.0, bucket_bytes / weights))), ring * (grads + weights)
         return rs + ag, ring * (grads + weights)
     if z == 2:
         return m * shown(rs, last_backward) + ag, ring * (m * grads + weights)
