@@ -322,15 +322,20 @@ NEMOTRON_TABLE_2: dict[int, tuple] = {1536: (16, 768, 10.3, 42.4), 3072: (32, 15
                                       6144: (64, 2304, 8.0, 41.0)}
 
 
+def _nemotron_run(name, source, notes, gpus, dp, batch, mfu, **shape):
+    """A row of a Nemotron-4 report's batch ramp-up: H100s, tp 8, the distributed optimizer, MFU in BF16."""
+    return PublishedRun(
+        name=name, source=source, device="h100-80gb-sxm", gpus=gpus, gpus_per_node=8, vocab_size=256000, seq=4096,
+        global_batch=batch, tp=8, dp=dp, micro_batch=None, zero=1, virtual_stages=None, sequence_parallel=False,
+        context_parallel=1, recompute="unknown", precision="mixed", tflops_per_gpu=round(mfu / 100 * 989.5, 1),
+        framework="megatron-lm", n_kv_head=8, tie_embeddings=False, reports_mfu=True, notes=notes, **shape)
+
+
 def _nemotron(gpus):
     dp, batch, step, mfu = NEMOTRON_TABLE_2[gpus]
-    return PublishedRun(
-        name=f"Nemotron-4 340B, {gpus} GPUs", source=_NEMOTRON_SOURCE,
-        device="h100-80gb-sxm", gpus=gpus, gpus_per_node=8, n_layer=96, n_embd=18432, n_head=96,
-        vocab_size=256000, seq=4096, global_batch=batch, tp=8, pp=12, dp=dp, micro_batch=None, zero=1,
-        virtual_stages=None, sequence_parallel=False, context_parallel=1, recompute="unknown", precision="mixed",
-        tflops_per_gpu=round(mfu / 100 * 989.5, 1), parameters=340e9, framework="megatron-lm", n_kv_head=8,
-        ffn_hidden=73728, tie_embeddings=False, reports_mfu=True, notes=_NEMOTRON_NOTES.format(step=step))
+    return _nemotron_run(f"Nemotron-4 340B, {gpus} GPUs", _NEMOTRON_SOURCE, _NEMOTRON_NOTES.format(step=step), gpus,
+                         dp, batch, mfu, n_layer=96, n_embd=18432, n_head=96, pp=12, parameters=340e9,
+                         ffn_hidden=73728)
 
 
 _NEMOTRON_15B_SOURCE = ("J. Parmar et al. (NVIDIA), \"Nemotron-4 15B Technical Report\", arXiv:2402.16819, Table 1 "
@@ -353,13 +358,9 @@ NEMOTRON_15B_TABLE_2: dict[int, tuple] = {768: (96, 384, 34.3), 1536: (192, 768,
 
 def _nemotron_15b(gpus):
     dp, batch, mfu = NEMOTRON_15B_TABLE_2[gpus]
-    return PublishedRun(
-        name=f"Nemotron-4 15B, {gpus} GPUs", source=_NEMOTRON_15B_SOURCE,
-        device="h100-80gb-sxm", gpus=gpus, gpus_per_node=8, n_layer=32, n_embd=6144, n_head=48,
-        vocab_size=256000, seq=4096, global_batch=batch, tp=8, pp=1, dp=dp, micro_batch=None, zero=1,
-        virtual_stages=None, sequence_parallel=False, context_parallel=1, recompute="unknown", precision="mixed",
-        tflops_per_gpu=round(mfu / 100 * 989.5, 1), parameters=15.7e9, framework="megatron-lm", n_kv_head=8,
-        ffn_hidden=24576, tie_embeddings=False, reports_mfu=True, dropout=False, notes=_NEMOTRON_15B_NOTES)
+    return _nemotron_run(f"Nemotron-4 15B, {gpus} GPUs", _NEMOTRON_15B_SOURCE, _NEMOTRON_15B_NOTES, gpus, dp, batch,
+                         mfu, n_layer=32, n_embd=6144, n_head=48, pp=1, parameters=15.7e9, ffn_hidden=24576,
+                         dropout=False)
 
 
 # ----------------------------------------------------------------------------- Korthikanti et al. 2022
