@@ -25,7 +25,7 @@ multiple of p and n_layer >= p·v. Layouts that do not fit in memory are ranked 
 do and marked so; none is dropped.
 
 GPT-3 175B on 1024 A100s of 80 GB, 8 to a node (mixed precision, no recomputation): the best
-layout is dp32-tp8-pp4-zero1-m48, about 163 TFLOP/s per GPU — tp inside a node, the pipeline across
+layout is dp32-tp8-pp4-zero1-m48, about 166 TFLOP/s per GPU — tp inside a node, the pipeline across
 4 nodes, the rest data parallel, and t·p = 32 the smallest that fits (tests/test_plan.py). Each
 prediction is checked against published runs: `python -m minidist.plan.against_published`.
 
