@@ -339,9 +339,11 @@ def data_parallel_seconds(w, layout: Layout, cluster: Cluster, params: float, la
         exposed = max(0.0, busy - behind) if w.overlap else busy
         return exposed + cluster.overlap_cost * (busy - exposed)
 
+    def bucketed(busy: float, nbytes: float, behind: float) -> float:  # the same in buckets of `bucket_bytes`:
+        return max(shown(busy, behind), busy * min(1.0, bucket_bytes / nbytes))  # one shows (last ready, first needed)
+
     if z == 0:
-        last_bucket = ar * min(1.0, bucket_bytes / grads)  # ready only when backward ends
-        once = max(shown(ar, last_backward), last_bucket)
+        once = bucketed(ar, grads, last_backward)  # the last bucket is ready only when backward ends
         if w.sync_every_microbatch and layout.pp > 1:  # every micro-batch's backward all-reduces the stage's gradients
             return m * once, m * 2 * ring * grads
         return once, 2 * ring * grads
@@ -349,8 +351,7 @@ def data_parallel_seconds(w, layout: Layout, cluster: Cluster, params: float, la
         if w.overlap:  # Megatron-LM's distributed optimizer overlapping both halves (and FSDP's ZeRO-2 in a pipeline):
             # the reduce-scatter in buckets behind the last backward, the next step's all-gather bucket by
             # bucket ahead of the first micro-batch's forward
-            return (max(shown(rs, last_backward), rs * min(1.0, bucket_bytes / grads))
-                    + max(shown(ag, first_forward), ag * min(1.0, bucket_bytes / weights))), ring * (grads + weights)
+            return bucketed(rs, grads, last_backward) + bucketed(ag, weights, first_forward), ring * (grads + weights)
         return rs + ag, ring * (grads + weights)
     if z == 2:
         return m * shown(rs, last_backward) + ag, ring * (m * grads + weights)
