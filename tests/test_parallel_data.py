@@ -28,6 +28,7 @@ VARIANTS = [  # (name, overlap, bucket_cap_bytes, accumulation, all-reduce algor
     ("naive, ring as the process default", False, 1 << 20, 1, "default ring", "even"),  # algorithm=None
     ("bucket per parameter", True, 1, 1, "auto", "even"),
     ("medium buckets", True, 4096, 1, "auto", "even"),
+    ("medium buckets, copied through the window", True, 4096, 1, "auto", "even"),  # registered_buckets=False
     ("one bucket", True, 1 << 30, 1, "ring", "even"),
     ("accumulation 2", True, 4096, 2, "auto", "even"),
     ("naive, uneven rows", False, 1 << 20, 1, "auto", "uneven"),
@@ -35,6 +36,9 @@ VARIANTS = [  # (name, overlap, bucket_cap_bytes, accumulation, all-reduce algor
     ("uneven rows, accumulation 2", True, 4096, 2, "auto", "uneven"),
     ("balanced", True, 4096, 1, "auto", "balance"),
 ]
+
+
+COPIED = "medium buckets, copied through the window"
 
 
 def uneven_rows(n):
@@ -45,7 +49,7 @@ def uneven_rows(n):
 def dp_rank_program(variants):
     import contextlib
 
-    from minidist.comm import all_reduce_algorithm, get_world, traffic
+    from minidist.comm import all_reduce_algorithm, get_world, registered, shared_memory, traffic
     from minidist.parallel.balance import BalancedDataParallelTrainer
     from minidist.parallel.data_parallel import DataParallelTrainer
 
@@ -60,7 +64,8 @@ def dp_rank_program(variants):
             trainer = kind(GPTConfig(**CONFIG), OptimSettings(**SETTINGS), task, BATCH, seed=0, group=world,
                            overlap=overlap, bucket_cap_bytes=cap, accumulation=accumulation,
                            algorithm=None if by_default else algorithm,
-                           rows=uneven_rows(world.size) if split == "uneven" else None)
+                           rows=uneven_rows(world.size) if split == "uneven" else None,
+                           **({"registered_buckets": False} if name == COPIED else {}))
             traffic.reset()  # count the steps only, not the initial broadcast and checks
             with all_reduce_algorithm("ring") if by_default else contextlib.nullcontext():
                 losses = [trainer.step(s)[0] for s in range(STEPS)]
@@ -82,6 +87,8 @@ def dp_rank_program(variants):
                                            if k.startswith("all_reduce.") and v["bytes_sent"] > 0),
                 "any_comm_before_backward_ended": any(overlapped),
                 "grads_live_in_buckets": in_buckets,
+                "buckets_registered": bool(buckets) and all(registered.find(b.buffer) is not None for b in buckets),
+                "one_machine": shared_memory.window_or_none(world) is not None,
                 "overlap": overlap,
                 "memory": trainer.memory(),
             }
@@ -162,6 +169,21 @@ def test_bucketed_gradients_live_in_the_buckets(parallel):
             assert ledger["peak"] == ledger["params"] + ledger["grads"] + ledger["optimizer"] + ledger["activations"]
 
 
+def test_registered_buckets_give_the_bits_of_buckets_copied_through_the_window(parallel):
+    """The buckets live in shared memory whenever the ranks share a machine (and the wrapper is
+    not told otherwise); their all-reduce adds the same numbers in the same order as the window's."""
+    n, results = parallel
+    assert len(results) == n
+    for result in results:
+        one_machine = result["medium buckets"]["one_machine"]
+        assert result["medium buckets"]["buckets_registered"] == one_machine
+        assert result["accumulation 2"]["buckets_registered"] == one_machine
+        assert not result[COPIED]["buckets_registered"] and not result["naive"]["buckets_registered"]
+        assert result[COPIED]["losses"] == result["medium buckets"]["losses"]
+        for key, value in result["medium buckets"]["state"].items():
+            assert np.array_equal(result[COPIED]["state"][key], value), key
+
+
 def test_bucketed_all_reduce_starts_during_backward(parallel):
     n, results = parallel
     assert len(results) == n
@@ -216,6 +238,17 @@ def test_bench_dp_json_has_speedups_and_the_share_of_the_ceiling(tmp_path):
     # the bucketed wrappers' hooks do the all-reduce work inside backward; the naive one has none
     assert all(0 < records[m]["hook_seconds"] < records[m]["seconds"] for m in ("bucketed", "balanced"))
     assert all(records[m]["hook_seconds"] == 0.0 for m in ("serial", "naive", "ceiling"))
+
+
+def test_bench_dp_rotates_the_variants_after_serial():
+    """Serial first every step; the others rotate, so none always runs right after it."""
+    from minidist.bench.dp import in_turn
+
+    trainers = {"serial": 0, "naive": 1, "bucketed": 2, "ceiling": 3}
+    orders = [[mode for mode, _ in in_turn(trainers, step)] for step in range(4)]
+    assert orders == [["serial", "naive", "bucketed", "ceiling"], ["serial", "bucketed", "ceiling", "naive"],
+                      ["serial", "ceiling", "naive", "bucketed"], ["serial", "naive", "bucketed", "ceiling"]]
+    assert [m for m, _ in in_turn({"bucketed": 0, "ceiling": 1}, 1)] == ["ceiling", "bucketed"]
 
 
 def test_bench_dp_rejects_a_slow_rank_that_does_not_exist(capsys):

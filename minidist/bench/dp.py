@@ -19,11 +19,14 @@ job every variant gets its own trainer, and the variants take turns step by step
 
     serial (rank 0 trains on all B rows; the other ranks wait asleep, near 0% CPU)
     naive, bucketed (DataParallelTrainer on B/N rows per rank)
+    bucketed-copying (only when asked for: bucketed, with its buckets copied through the shared
+        window instead of living in shared memory, minidist/comm/registered.py)
     balanced (BalancedDataParallelTrainer: bucketed, with the rows re-split every step by each
         rank's speed, minidist/parallel/balance.py)
     ceiling (N independent serial trainers on B/N rows each, never talking)
 
-so a slow moment of this shared, noisy machine hits every variant alike. A step's time is the
+so a slow moment of this shared, noisy machine hits every variant alike (after serial, the
+others' order rotates by one each step: none always pays for following it). A step's time is the
 slowest rank's; a variant's time is the median over the timed steps (after --warmup), and
 its speedup is serial's median / its median, both from the same job. `--repeats` jobs per N
 give the range. The ceiling is what perfect data parallelism could reach on this machine (all
@@ -49,6 +52,9 @@ from minidist.bench import write_records
 CONFIG = dict(vocab_size=256, block_size=64, n_layer=4, n_head=4, n_embd=128)
 BATCH = 16
 DP_MODES = ("naive", "bucketed", "balanced")  # the modes that average gradients (not serial, ceiling)
+# bucketed, its buckets copied through the shared window instead of living in it (chapter 7, registered.py)
+COPYING = "bucketed-copying"
+AVERAGING = DP_MODES + (COPYING,)
 
 
 def rank_program(modes: list[str], steps: int, warmup: int, batch: int, bucket_kb: int = 1024,
@@ -98,7 +104,7 @@ def rank_program(modes: list[str], steps: int, warmup: int, batch: int, bucket_k
             else:
                 kind = BalancedDataParallelTrainer if mode == "balanced" else DataParallelTrainer
                 trainers[mode] = kind(config, settings, task, batch, seed=0, group=world, overlap=(mode != "naive"),
-                                      bucket_cap_bytes=bucket_kb * 1024)
+                                      bucket_cap_bytes=bucket_kb * 1024, registered_buckets=(mode != COPYING))
         if slow and world.rank == slow[0]:
             for trainer in trainers.values():
                 if trainer is not None:
@@ -108,7 +114,7 @@ def rank_program(modes: list[str], steps: int, warmup: int, batch: int, bucket_k
         idle_policy = dict(spin=0.001)  # sleep soon: the serial run's core is not disturbed
         idle = False
         for s in range(warmup + steps):
-            for mode, trainer in trainers.items():
+            for mode, trainer in in_turn(trainers, s):
                 # everyone starts the step together (not timed, not counted); a rank that had no work
                 # last turn waits here for the serial run, asleep soon
                 with dist.waiting_as(**(idle_policy if idle else {})):
@@ -152,6 +158,16 @@ def rank_program(modes: list[str], steps: int, warmup: int, batch: int, bucket_k
         return out
 
 
+def in_turn(trainers: dict, step: int) -> list:
+    """The (mode, trainer) pairs in this step's order: serial first, the others rotated by one
+    each step. Whichever variant runs right after serial finds the caches full of serial's data
+    and the other ranks just woken: rotating spreads that cost over every variant evenly."""
+    first = [(m, t) for m, t in trainers.items() if m == "serial"]
+    rest = [(m, t) for m, t in trainers.items() if m != "serial"]
+    shift = step % len(rest) if rest else 0
+    return first + rest[shift:] + rest[:shift]
+
+
 def measure(n: int, modes: list[str], args, wait=None, trace_path: str | None = None) -> dict:
     """One job of n ranks; per mode: the median step (slowest rank per step) and counts."""
     ranks = run(rank_program, n, modes, args.steps, args.warmup, args.batch, args.bucket_kb, args.dtype, wait,
@@ -192,8 +208,8 @@ def main(argv=None) -> int:
     positive = cli.integer(1)
     parser = cli.OneLineParser(prog="python -m minidist.bench dp", description=__doc__.split("\n")[0])
     parser.add_argument("--dp", type=cli.listof(positive), default=[1, 2, 4], help="data-parallel degrees, comma-separated")
-    parser.add_argument("--modes", type=cli.listof(cli.one_of(DP_MODES)), default=list(DP_MODES),
-                        help="any of " + ", ".join(DP_MODES))
+    parser.add_argument("--modes", type=cli.listof(cli.one_of(AVERAGING)), default=list(DP_MODES),
+                        help="any of " + ", ".join(AVERAGING) + " (default: the first three)")
     parser.add_argument("--steps", type=positive, default=8, help="timed steps per job")
     parser.add_argument("--warmup", type=cli.integer(0), default=2, help="untimed steps first")
     parser.add_argument("--repeats", type=positive, default=3, help="jobs per dp (median and range over them)")
@@ -240,7 +256,7 @@ def main(argv=None) -> int:
             yardstick = "torch-serial" if mode == "torch-ddp" else "serial"  # PyTorch DDP against PyTorch
             records.append(record(n, mode, [job[mode] for job in jobs[n]], [job[yardstick] for job in jobs[n]], args))
             records[-1]["yardstick"] = yardstick
-            if mode in DP_MODES and "ceiling" in jobs[n][0]:
+            if mode in AVERAGING and "ceiling" in jobs[n][0]:
                 # the efficiency of the gradient averaging alone: what this machine's cores allowed
                 # (the ceiling) over what dp reached, job by job
                 ratios = [job["ceiling"]["seconds"] / job[mode]["seconds"] for job in jobs[n]]
@@ -257,7 +273,7 @@ def record(n: int, mode: str, runs: list[dict], serial_runs: list[dict] | None, 
     seconds = [r["seconds"] for r in runs]
     speedups = [s["seconds"] / r["seconds"] for s, r in zip(serial_runs, runs)] if serial_runs else [1.0]
     grad_bytes = runs[0]["grad_bytes"]
-    communicates = mode in DP_MODES and n > 1
+    communicates = mode in AVERAGING and n > 1
     return {
         "benchmark": "dp", "dp": n, "mode": mode, "dtype": args.dtype, "global_batch": args.batch,
         "seconds": float(np.median(seconds)), "seconds_range": [min(seconds), max(seconds)],
@@ -271,7 +287,7 @@ def record(n: int, mode: str, runs: list[dict], serial_runs: list[dict] | None, 
         # inside backward, in the gradient hooks: launching and progressing the buckets' all-reduces
         # (their copies and sums run on the cores that compute: chapter 3, section 8)
         "hook_seconds": float(np.median([r["hook_s"] for r in runs])),
-        "gradient_bytes": grad_bytes, "bucket_kb": args.bucket_kb if mode in ("bucketed", "balanced") else None,
+        "gradient_bytes": grad_bytes, "bucket_kb": args.bucket_kb if mode in ("bucketed", "balanced", COPYING) else None,
         "jobs": len(runs), "steps": args.steps,
         "slow": {"rank": args.slow[0], "ms_per_row": args.slow[1] * 1e3} if args.slow else None,
         # balanced: rows per rank, and how many steps used each, most used first

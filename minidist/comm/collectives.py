@@ -31,7 +31,7 @@ import numpy as np
 
 from minidist import timeline
 from minidist.comm import algorithms as alg
-from minidist.comm import fast_paths, hierarchical, shared_memory, tuning
+from minidist.comm import fast_paths, hierarchical, registered, shared_memory, tuning
 from minidist.comm.consistency import (CollectiveMismatch, check_consistent, needs_check,  # noqa: F401
                                        set_check, unchecked)
 from minidist.comm.cost import AUTO_CANDIDATES, AUTO_COST, auto_algorithm  # noqa: F401  (re-exported)
@@ -111,6 +111,9 @@ def all_reduce(array: np.ndarray, op: str = "sum", group: World | None = None,
     if world.size == 1 or buf.size == 0:
         return _run(None, None, array, async_op, finish)
     algorithm = choose_all_reduce(algorithm, world, buf.nbytes)
+    found = registered.find(buf) if algorithm == "shared_memory" and buf.nbytes > shared_memory.SMALL else None
+    if found is not None:  # the array lives in shared memory (registered.py): an all-reduce with no copies
+        return registered.all_reduce_registered(found, buf, ufunc, array, async_op, average=(op == "avg"))
     straight = fast_paths.shortcut(world, buf, algorithm, async_op, timeline.RECORDER is not None)
     if straight is not None:  # the same work without the step machinery (chapter 7)
         straight(world, buf, ufunc, op == "avg")

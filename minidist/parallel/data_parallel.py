@@ -34,7 +34,7 @@ import time
 import numpy as np
 
 from minidist.plan import memory
-from minidist.comm import all_reduce, any_rank, broadcast
+from minidist.comm import all_reduce, any_rank, broadcast, registered
 from minidist.comm.world import World, resolve
 from minidist.core.data import accuracy
 from minidist.precision.mixed_precision import Precision
@@ -123,12 +123,12 @@ class NaiveDistributedDataParallel:
 class Bucket:
     """A flat buffer holding the gradients of a few parameters side by side."""
 
-    def __init__(self, index: int, params: list, dtype):
+    def __init__(self, index: int, params: list, dtype, buffer: np.ndarray | None = None):
         self.index = index
         self.params = params
         sizes = [p.size for p in params]
         self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
-        self.buffer = np.zeros(int(self.offsets[-1]), dtype=dtype)
+        self.buffer = np.zeros(int(self.offsets[-1]), dtype=dtype) if buffer is None else buffer
         # parameter i's slot in the buffer, shaped like the parameter
         self.views = [self.buffer[a:b].reshape(p.shape) for p, a, b in zip(params, self.offsets, self.offsets[1:])]
         self.ready = 0  # gradients complete in this step
@@ -162,13 +162,15 @@ class DistributedDataParallel(NaiveDistributedDataParallel):
     """
 
     def __init__(self, module, group: World | None = None, bucket_cap_bytes: int = 1 << 20,
-                 algorithm: str | None = None, timeline=None, grad_dtype=None):
+                 algorithm: str | None = None, timeline=None, grad_dtype=None, registered_buckets: bool = True):
         # grad_dtype=float32 with 16-bit weights: gradients accumulate and travel in fp32
         # (Megatron-LM's --accumulate-allreduce-grads-in-fp32): 4 bytes each, no 16-bit sums
         self.buckets = make_buckets(module.parameters(), bucket_cap_bytes, grad_dtype)
-        self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
         self.hook_seconds = 0.0  # time spent in the gradient hooks (launching, progressing all-reduces)
-        super().__init__(module, group, algorithm, timeline)
+        super().__init__(module, group, algorithm, timeline)  # the ranks agree on the buckets' sizes now
+        if registered_buckets and self.group.size > 1:
+            self._register_buckets()
+        self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
         for b in self.buckets:  # backward writes each gradient straight into its bucket (PyTorch's
             for p, view in zip(b.params, b.views):  # gradient_as_bucket_view): no copy before the all-reduce
                 p.grad_buffer = view
@@ -177,6 +179,16 @@ class DistributedDataParallel(NaiveDistributedDataParallel):
 
     def facts(self) -> list:
         return super().facts() + [("bucket", b.buffer.size, b.buffer.dtype.str) for b in self.buckets]
+
+    def _register_buckets(self) -> None:
+        """The speed switch `registered_buckets`: when every rank shares this machine, the buckets
+        live in shared memory (minidist/comm/registered.py), so that their all-reduce reads the
+        peers' gradients where backward wrote them and copies nothing in or out (chapter 7).
+        The same sums in the same order as the shared-memory window: the same bits."""
+        buffers = registered.allocate(self.group, [(b.buffer.size, b.buffer.dtype) for b in self.buckets])
+        if buffers is not None:
+            self.buckets = [Bucket(b.index, b.params, b.buffer.dtype, buffer)
+                            for b, buffer in zip(self.buckets, buffers)]
 
     # -- overlapped averaging, driven by gradient hooks
     def _grad_ready(self, p) -> None:
@@ -249,7 +261,7 @@ class DataParallelTrainer(Trainer):
     def __init__(self, config: GPTConfig, settings: OptimSettings, task, batch_size: int, seed: int = 0,
                  group: World | None = None, overlap: bool = True, bucket_cap_bytes: int = 1 << 20,
                  accumulation: int = 1, algorithm: str | None = None, rows: list[int] | None = None,
-                 precision: str = "fp32", fp32_grads: bool = False):
+                 precision: str = "fp32", fp32_grads: bool = False, registered_buckets: bool = True):
         self.world = resolve(group)
         dp = self.world.size
         if rows is None and batch_size % (dp * accumulation):
@@ -271,7 +283,7 @@ class DataParallelTrainer(Trainer):
         masters = self.amp.cast(self.model)
         if overlap:
             self.ddp = DistributedDataParallel(self.model, self.world, bucket_cap_bytes, algorithm, self.timeline,
-                                               np.float32 if fp32_grads else None)
+                                               np.float32 if fp32_grads else None, registered_buckets)
         else:
             self.ddp = NaiveDistributedDataParallel(self.model, self.world, algorithm, self.timeline)
         self.optimizer = make_optimizer(self.model, settings, masters)
