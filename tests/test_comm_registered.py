@@ -44,6 +44,16 @@ def registered_rank_program():
     traffic.reset()
     dist.all_reduce(small, op="sum")
     out["small"] = (small.copy(), traffic.snapshot()["total"]["messages"])
+    # from 4 MB `auto` sends a plain array on 2 ranks as messages (halving-doubling); a registered one
+    # has no copies to lose to them, so it stays registered: two flags
+    large = registered.allocate(world, [((4 << 20) // 4 + 16, np.dtype("float32"))])[0]
+    large[...] = world.rank + 1.0
+    traffic.reset()
+    dist.all_reduce(large, op="sum")
+    counted = traffic.snapshot()
+    out["large"] = (bool(np.all(large == world.size * (world.size + 1) / 2)), counted["total"]["messages"],
+                    dist.choose_all_reduce("auto", world, large.nbytes),
+                    sorted(k for k, v in counted.items() if k.startswith("all_reduce.") and v["bytes_sent"] > 0))
     mpi_ops = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX}
     for round_ in range(ROUNDS):
         for a, (count, dtype, _) in zip(arrays, SHAPES):
@@ -146,6 +156,14 @@ def test_a_small_registered_array_keeps_the_windows_one_handshake(launched):
     for o in outs:
         values, messages = o["small"]
         assert np.array_equal(values, np.full(100, n * (n + 1) / 2)) and messages == 1
+
+
+def test_auto_keeps_a_large_registered_array_registered(launched):
+    n, outs = launched
+    for o in outs:
+        right, messages, plain_choice, kinds = o["large"]
+        assert right and messages == 2 and kinds == ["all_reduce.shared_memory"]
+        assert plain_choice == ("halving_doubling" if n == 2 else "shared_memory")  # what a plain array would get
 
 
 def test_a_slice_of_a_registered_array_goes_through_the_window(launched):

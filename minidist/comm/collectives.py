@@ -52,6 +52,7 @@ ALL_REDUCE = {
 BROADCAST = {"tree": alg.broadcast_tree, "naive": alg.broadcast_naive}
 REDUCE = {"tree": alg.reduce_tree, "naive": alg.reduce_naive}
 _NAMES = tuple(ALL_REDUCE)
+_REGISTERED_BY = ("auto", "shared_memory")  # the algorithm names under which a registered array goes registered
 _KIND = {name: f"all_reduce.{name}" for name in ALL_REDUCE}  # the traffic kinds, made once
 
 
@@ -110,10 +111,12 @@ def all_reduce(array: np.ndarray, op: str = "sum", group: World | None = None,
     finish = (lambda: np.divide(buf, world.size, out=buf)) if op == "avg" else None
     if world.size == 1 or buf.size == 0:
         return _run(None, None, array, async_op, finish)
-    algorithm = choose_all_reduce(algorithm, world, buf.nbytes)
-    found = registered.find(buf) if algorithm == "shared_memory" and buf.nbytes > shared_memory.SMALL else None
-    if found is not None:  # the array lives in shared memory (registered.py): an all-reduce with no copies
+    # an array that lives in shared memory (registered.py): no copies, so `auto` takes it at every size
+    # above the window's one-handshake path, also where the window's copies would lose to messages
+    found = registered.find(buf) if buf.nbytes > shared_memory.SMALL and algorithm in _REGISTERED_BY else None
+    if found is not None:
         return registered.all_reduce_registered(found, buf, ufunc, array, async_op, average=(op == "avg"))
+    algorithm = choose_all_reduce(algorithm, world, buf.nbytes)
     straight = fast_paths.shortcut(world, buf, algorithm, async_op, timeline.RECORDER is not None)
     if straight is not None:  # the same work without the step machinery (chapter 7)
         straight(world, buf, ufunc, op == "avg")
@@ -139,7 +142,8 @@ def choose_all_reduce(algorithm: str, world: World, nbytes: int) -> str:
     computes the same answer from the same numbers.
 
     With a tuning table (MINIDIST_TUNING, tuning.py, written by `bench collectives --tune`) the
-    algorithm measured fastest for this group and size comes first."""
+    algorithm measured fastest for this group and size comes first. (A registered array above
+    64 KB never asks: `all_reduce` takes registered.py's copy-free path for it first.)"""
     if algorithm != "auto":
         return algorithm
     # the answer depends only on the group and the size: worked out once per size (a small call's microsecond)
