@@ -25,6 +25,8 @@ of it (section 7).
 The all-reduce is chapter 7's: on one machine `algorithm="auto"` (the default, None, means the
 process's choice) goes through the shared-memory window (minidist/comm/shared_memory.py), and
 `with all_reduce_algorithm("ring"):` runs the same training over chapter 7's ring of messages.
+The bucketed wrapper's buckets themselves live in shared memory there (`registered_buckets`,
+minidist/comm/registered.py), so that their all-reduce copies nothing in or out.
 """
 from __future__ import annotations
 
