@@ -25,7 +25,6 @@ when it was built (`World.verify`) the check is skipped.
 from __future__ import annotations
 
 import contextlib
-import copy
 
 import numpy as np
 
@@ -35,7 +34,7 @@ from minidist.comm import fast_paths, hierarchical, registered, shared_memory, t
 from minidist.comm.consistency import (CollectiveMismatch, check_consistent, needs_check,  # noqa: F401
                                        set_check, unchecked)
 from minidist.comm.cost import AUTO_CANDIDATES, AUTO_COST, auto_algorithm  # noqa: F401  (re-exported)
-from minidist.comm.driver import Work, _Ctx, _run  # noqa: F401  (Work re-exported)
+from minidist.comm.driver import Work, _Ctx, _run, reused_context  # noqa: F401  (Work re-exported)
 from minidist.comm.world import World, resolve
 
 OPS = {"sum": np.add, "avg": np.add, "max": np.maximum, "min": np.minimum}
@@ -199,12 +198,7 @@ def _run_in_order(shared, buf, ufunc, array, async_op, average):
     (shared_memory.py), so a new call first lets the one in flight finish: now, if this call
     blocks; queued behind it, if this call is asynchronous. It posts no messages, so it needs
     no fresh tag: one call context serves every call on the window."""
-    if shared.ctx is None:
-        shared.ctx = _Ctx(shared.world, _KIND["shared_memory"])
-    else:
-        shared.ctx.counts.calls += 1
-    # a trace counts each call's bytes apart: a context of its own (`_run` gives it its counter)
-    ctx = shared.ctx if timeline.RECORDER is None else copy.copy(shared.ctx)
+    ctx = reused_context(shared, _KIND["shared_memory"])
     steps = shared_memory.all_reduce_shared_memory(ctx, buf, ufunc, average)
     before, shared.in_flight = shared.in_flight, None
     if before is not None:

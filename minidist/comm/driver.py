@@ -10,6 +10,8 @@ from these pieces.
 """
 from __future__ import annotations
 
+import copy
+
 from mpi4py import MPI
 
 from minidist import timeline
@@ -123,6 +125,17 @@ class Work:
         if pending.__class__ is list:
             _raise_timeout(self._ctx.explain(pending), pending, waited)
         pending.timed_out(waited)
+
+
+def reused_context(owner, kind: str) -> _Ctx:
+    """The call context of a call on `owner` (a shared window, registered buffers), made once and
+    reused: calls through shared memory post no messages, so they need no fresh tag. A trace
+    counts each call's bytes apart, so while one records, each call gets a copy."""
+    if owner.ctx is None:
+        owner.ctx = _Ctx(owner.world, kind)
+    else:
+        owner.ctx.counts.calls += 1
+    return owner.ctx if timeline.RECORDER is None else copy.copy(owner.ctx)
 
 
 def _run(ctx, steps, result, async_op, finish=None):

@@ -31,15 +31,12 @@ calls on different buffers are independent (each buffer has its own flags).
 """
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 from mpi4py import MPI
 
-from minidist import timeline
 from minidist.comm import shared_memory
 from minidist.comm.algorithms import chunk_bounds
-from minidist.comm.driver import _Ctx, _run
+from minidist.comm.driver import _run, reused_context
 from minidist.comm.shared_memory import ARRIVED, LINE, REDUCED, FlagWait, _reduce
 
 BLOCK_BYTES = 128 << 10  # the sum of a chunk goes through a scratch block this size, kept in cache
@@ -173,9 +170,5 @@ def find(buf: np.ndarray):
 def all_reduce_registered(found, buf, ufunc, array, async_op, average):
     """Drive the protocol for a registered array (collectives.all_reduce calls this)."""
     registered, i = found
-    if registered.ctx is None:
-        registered.ctx = _Ctx(registered.world, "all_reduce.shared_memory")
-    else:
-        registered.ctx.counts.calls += 1
-    ctx = registered.ctx if timeline.RECORDER is None else copy.copy(registered.ctx)
+    ctx = reused_context(registered, "all_reduce.shared_memory")
     return _run(ctx, registered.all_reduce_steps(ctx, i, ufunc, average), array, async_op)
