@@ -94,3 +94,25 @@ def test_command_line_prints_and_writes_the_medians(tmp_path, paths, capsys):
     written = json.loads(out.read_text())
     assert [e["layout"] for e in written if e["kind"] == "median_layout"] == ["dp4", "tp4", "pp2", "zero3"]
     assert written[-1]["kind"] == "median_summary" and written[-1]["within_25_percent"] == 3
+
+
+def test_a_layouts_bubble_is_the_median_of_its_passes_not_the_fastest_passs():
+    """bench plan keeps a layout's fastest pass for the step time, but that pass is the one whose
+    stages ran most evenly: its bubble is the lowest. The bubble reported is the passes' median."""
+    from minidist.core.model import GPTConfig
+    config = GPTConfig(vocab_size=256, block_size=64, n_layer=4, n_head=4, n_embd=128)
+    layout = {"dp": 1, "tp": 1, "pp": 2, "microbatches": 8, "schedule": "1f1b"}
+    row = {"name": "pp2-m8", "layout": layout, "step_seconds": 0.08, "bubble_fraction": 0.152,
+           "bytes_sent": {"tp": 0, "pp": 1, "embedding": 0, "dp": 0},
+           **{k: 0.0 for k in ("compute", "bubble", "tp", "pp", "dp", "gradients", "machinery", "sharing")}}
+    fastest = {"step_seconds": [0.09, 0.075], "memory": [],
+               "pipeline": {"bubble_measured": 0.131, "bubble_theory": 1 / 9}}
+    workload = bench_plan.demo_workload(config, 16)
+    got = bench_plan.compare(row, fastest, workload, bubbles=[0.171, 0.131, None, 0.158])["bubble"]
+    assert got["measured"] == pytest.approx(0.158)       # of 0.131, 0.158, 0.171; a pass without one left out
+    assert got["measured_fastest_pass"] == 0.131
+    assert got["measured_each_pass"] == [0.171, 0.131, None, 0.158]
+    assert got["predicted"] == 0.152 and got["theory"] == pytest.approx(1 / 9)
+    # one pass: its own bubble
+    assert bench_plan.compare(row, fastest, workload)["bubble"]["measured"] == 0.131
+    assert bench_plan.typical_bubble([None]) is None
