@@ -116,3 +116,29 @@ def test_a_layouts_bubble_is_the_median_of_its_passes_not_the_fastest_passs():
     # one pass: its own bubble
     assert bench_plan.compare(row, fastest, workload)["bubble"]["measured"] == 0.131
     assert bench_plan.typical_bubble([None]) is None
+
+
+@pytest.mark.full  # two passes of one layout under mpiexec, and the yardsticks three times: about a minute
+@pytest.mark.timeout(300)
+def test_bench_plan_runs_a_pipeline_and_reports_each_passs_bubble(tmp_path):
+    """`bench plan` end to end on 2 ranks, one layout: its jobs run under real mpiexec, the memory
+    ledger is equal to the byte, and the bubble recorded is the median of the passes' bubbles, each
+    between the formula's 1/3 (GPipe, m = 2, the stages a little unequal) and 0.45."""
+    import os
+    import subprocess
+    import sys
+    out = tmp_path / "plan.json"
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    job = subprocess.run([sys.executable, "-m", "minidist.bench", "plan", "--ranks", "2", "--match", "pp2-m2-gpipe",
+                          "--repeats", "2", "--steps", "3", "--json", str(out)], env=env, timeout=280,
+                         capture_output=True, text=True)
+    assert job.returncode == 0, job.stderr[-2000:]
+    records = json.loads(out.read_text())
+    (layout,) = [r for r in records if r["kind"] == "layout"]
+    assert layout["layout"] == "pp2-m2-gpipe" and all(m["states_equal"] for m in layout["memory"])
+    bubble = layout["bubble"]
+    each = bubble["measured_each_pass"]
+    assert len(each) == 2 and all(1 / 3 - 0.01 < b < 0.45 for b in each), bubble
+    assert bubble["measured"] == pytest.approx(sum(each) / 2)
+    assert bubble["measured_fastest_pass"] in each and bubble["theory"] == pytest.approx(1 / 3)
+    assert records[-1]["kind"] == "summary" and records[-1]["layouts_run"] == 1
