@@ -345,41 +345,68 @@ def test_two_measurements_of_the_yardsticks_keep_the_least_disturbed():
     mean, the cores that shared ranks get (a ratio of times taken in turns) the median."""
     from minidist.bench.plan import least_disturbed
     first = {"serial": {"batch": 0.08, "one": 0.010}, "accumulated": 8, "peak": 1e11, "streamed": 3e10,
-             "gemms": [(1e6, 2e-5), (4e6, 5e-5)], "cores": 2, "all_reduce": [3e-5, 9e-5], "message": 2e-4,
+             "gemms": [(1e6, 2e-5), (4e6, 5e-5)], "cores": 2, "all_reduce": [3e-5, 9e-5], "message": [2e-4, 1e-4],
              "effective_cores": 1.8, "engine": 6e-5, "drain": 9e-3, "strategies": {"tp": 3e-4, "zero3": 1e-3}}
     second = {**first, "serial": {"batch": 0.07, "one": 0.012}, "peak": 9e10, "streamed": 4e10,
-              "gemms": [(1e6, 3e-5), (4e6, 4e-5)], "all_reduce": [4e-5, 8e-5], "message": 1e-4,
+              "gemms": [(1e6, 3e-5), (4e6, 4e-5)], "all_reduce": [4e-5, 8e-5], "message": [1e-4, 2e-4],
               "effective_cores": 1.9, "engine": 8e-5, "drain": 7e-3, "strategies": {"tp": 1e-4, "zero3": 2e-3}}
     merged = least_disturbed(first, second)
     assert merged["serial"] == {"batch": 0.07, "one": 0.010}  # each its own fastest
     assert (merged["peak"], merged["streamed"]) == (1e11, 4e10)
     assert merged["effective_cores"] == pytest.approx(1.85)  # a ratio taken in turns: the median, not the largest
     assert merged["gemms"] == [(1e6, 2e-5), (4e6, 4e-5)] and merged["all_reduce"] == [3e-5, 8e-5]
-    assert (merged["message"], merged["engine"], merged["drain"]) == (1e-4, 6e-5, 7e-3)
+    assert (merged["message"], merged["engine"], merged["drain"]) == ([1e-4, 1e-4], 6e-5, 7e-3)  # each size its least
     assert merged["strategies"] == pytest.approx({"tp": 2e-4, "zero3": 1.5e-3})
     assert least_disturbed({**first, "effective_cores": None}, {**second, "effective_cores": None})["effective_cores"] is None
     # a third measurement (after another pass): each time the least of three, the strategies' mean of three
     third = {**first, "serial": {"batch": 0.09, "one": 0.001}, "gemms": [(1e6, 1e-5), (4e6, 6e-5)],
-             "message": 5e-5, "strategies": {"tp": 6e-4, "zero3": 3e-3}}
+             "message": [5e-5, 3e-4], "strategies": {"tp": 6e-4, "zero3": 3e-3}}
     merged = least_disturbed(first, second, third)
     assert merged["serial"] == {"batch": 0.07, "one": 0.001} and merged["gemms"] == [(1e6, 1e-5), (4e6, 4e-5)]
-    assert merged["message"] == 5e-5 and merged["strategies"] == pytest.approx({"tp": 1e-3 / 3, "zero3": 2e-3})
+    assert merged["message"] == [5e-5, 1e-4] and merged["strategies"] == pytest.approx({"tp": 1e-3 / 3, "zero3": 2e-3})
     assert merged["serial_each"] == [0.08, 0.07, 0.09]  # each measurement's batch step, for the printout
     assert merged["effective_cores"] == 1.8 and merged["effective_cores_each"] == [1.8, 1.9, 1.8]
+
+
+def made_up_yardsticks(message_alpha: float = 3e-4, message_beta: float = 2e-10):
+    """(config, args, measured): `measure_yardsticks`' measurements of a made-up 4-rank, 2-core
+    machine, each pipeline message `message_alpha` + bytes x `message_beta` late."""
+    import argparse
+    from minidist.bench._plan_calibration import ALL_REDUCE_SIZES, message_sizes
+    config = GPTConfig(vocab_size=256, block_size=16, n_layer=4, n_head=2, n_embd=32)
+    gemms = [(f, f / 5e10 + 2e-6) for f in (1e5, 1e6, 1e7, 1e8)]
+    measured = {"serial": {"batch": 0.030, "one": 0.004, "accumulated": 0.045}, "accumulated": 8, "peak": 6e10,
+                "streamed": 2e10, "gemms": gemms, "cores": 2, "effective_cores": 1.8,
+                "all_reduce": [4e-5 * (1 + size / 2 ** 20) for size in ALL_REDUCE_SIZES],
+                "message": [message_alpha + size * message_beta for size in message_sizes(config, 16)],
+                "engine": 5e-5, "drain": 0.009, "strategies": {"tp": 2e-4, "zero2": 1e-4, "zero3": 3e-4, "mesh": 3e-4}}
+    return config, argparse.Namespace(ranks=4, batch_size=16), measured
+
+
+def test_a_pipeline_messages_alpha_and_beta_are_fitted_to_its_delay_at_each_size_it_is_sent():
+    """The message yardstick times the sizes the layouts' pipelines send (one micro-batch's activation
+    for 1 to 16 micro-batches); fit_cluster fits alpha + bytes x beta to them, and a stage's message
+    costs exactly that at its own size, not the largest message's delay plus its bytes again."""
+    from minidist.bench.plan import fit_cluster
+    from minidist.bench._plan_calibration import message_sizes
+    config, args, measured = made_up_yardsticks(message_alpha=3e-5, message_beta=1e-10)
+    activation = 16 * 16 * 32 * 4
+    assert message_sizes(config, 16) == [activation, activation // 2, activation // 4, activation // 8,
+                                         activation // 16]
+    cluster, facts = fit_cluster(config, args, measured)
+    assert (cluster.p2p_latency, cluster.p2p_byte_seconds) == (pytest.approx(3e-5), pytest.approx(1e-10))
+    assert facts["pipeline_message_seconds"] == measured["message"][0]  # the largest, as before
+    assert facts["pipeline_message_each_size"][str(activation // 8)] == measured["message"][3]
+    w = Workload(config, 16, 16, "fp32", "minidist", overlap=False)
+    stage = stage_costs(w, Layout(pp=2, microbatches=8), cluster, 2)[0][0]
+    assert stage.message == pytest.approx(3e-5 + activation / 8 * 1e-10)
 
 
 def test_the_fitted_wait_at_a_pipelines_end():
     """bench plan's fit_cluster on made-up measurements: the wait at a pipeline's end is the engine
     yardstick's drain-to-end time less what the model counts there (with the cores shared, as shared)."""
-    import argparse
-    from minidist.bench.plan import ALL_REDUCE_SIZES, ENGINE_MICROBATCHES, demo_workload, fit_cluster
-    config = GPTConfig(vocab_size=256, block_size=16, n_layer=4, n_head=2, n_embd=32)
-    args = argparse.Namespace(ranks=4, batch_size=16)
-    gemms = [(f, f / 5e10 + 2e-6) for f in (1e5, 1e6, 1e7, 1e8)]
-    measured = {"serial": {"batch": 0.030, "one": 0.004, "accumulated": 0.045}, "accumulated": 8, "peak": 6e10,
-                "streamed": 2e10, "gemms": gemms, "cores": 2, "effective_cores": 1.8,
-                "all_reduce": [4e-5 * (1 + size / 2 ** 20) for size in ALL_REDUCE_SIZES], "message": 3e-4,
-                "engine": 5e-5, "drain": 0.009, "strategies": {"tp": 2e-4, "zero2": 1e-4, "zero3": 3e-4, "mesh": 3e-4}}
+    from minidist.bench.plan import ENGINE_MICROBATCHES, demo_workload, fit_cluster
+    config, args, measured = made_up_yardsticks()
     cluster, facts = fit_cluster(config, args, measured)
     assert (facts["effective_cores"], cluster.overhead_cores) == (1.8, 2)
     share = facts["yardstick_python_share"]  # the array work gets fewer cores than the step as a whole

@@ -53,14 +53,14 @@ def measure_yardsticks(config: GPTConfig, args) -> dict:
     serial = serial_yardsticks(run(time_serial_steps, 1, flag_sets, SERIAL_ROUNDS, timeout=args.timeout)[0])
     device = measure_this_machine()
     n, cores = args.ranks, cores_available()
-    activation = args.batch_size * config.block_size * config.n_embd * 4  # the largest a pipeline sends
     all_reduces = [run(time_all_reduce, n, ALL_REDUCE_SIZES, timeout=args.timeout)[0] for _ in range(ALL_REDUCE_JOBS)]
     engine, drain = run(time_pipeline_engine, min(n, config.n_layer), config, args.batch_size,
                         math.gcd(args.batch_size, ENGINE_MICROBATCHES), timeout=args.timeout)[0]
     return {"serial": serial, "accumulated": k, "peak": device.flops("fp32"), "streamed": device.memory_bandwidth,
             "gemms": time_gemms(layer_shapes(config, args.batch_size, n)), "cores": cores,
             "all_reduce": [min(times) for times in zip(*all_reduces)],
-            "message": float(np.median(run(time_pipeline_message, n, activation, timeout=args.timeout)[0])),
+            "message": [float(np.median(delays)) for delays in
+                        run(time_pipeline_message, n, message_sizes(config, args.batch_size), timeout=args.timeout)[0]],
             "effective_cores": effective_cores(config, args.batch_size, n, args.timeout) if cores < n else None,
             "engine": engine, "drain": drain,
             "strategies": run(time_strategy_overheads, 1, config, k, timeout=args.timeout)[0]}
@@ -79,7 +79,8 @@ def least_disturbed(*measurements: dict) -> dict:
     merged["streamed"] = max(m["streamed"] for m in measurements)
     merged["gemms"] = [(flops, min(m["gemms"][i][1] for m in measurements)) for i, (flops, _) in enumerate(first["gemms"])]
     merged["all_reduce"] = [min(times) for times in zip(*(m["all_reduce"] for m in measurements))]
-    for name in ("message", "engine", "drain"):
+    merged["message"] = [min(times) for times in zip(*(m["message"] for m in measurements))]
+    for name in ("engine", "drain"):
         merged[name] = min(m[name] for m in measurements)
     if first["effective_cores"] is not None:  # a ratio of two times taken in turns, not a time: the median
         merged["effective_cores"] = float(np.median([m["effective_cores"] for m in measurements]))
@@ -98,7 +99,8 @@ def fit_cluster(config: GPTConfig, args, measured: dict) -> tuple[Cluster, dict]
     (`Cluster.step_overhead`) and the bandwidth minidist's element-wise work reaches; the
     all-reduce's times give alpha and beta (`comm.cost.fit_alpha_beta` on the ring's
     2(n-1)(alpha + S/n beta)); with more ranks than cores, `Cluster.cores` (the cores they share,
-    `plan.shared_cores`); the message's delay, the engine's time (`Cluster.engine_overhead`) and
+    `plan.shared_cores`); a pipeline message's alpha and beta, fitted as the all-reduce's are to its
+    delays at the sizes the layouts send (`Cluster.p2p_latency`, `Cluster.p2p_byte_seconds`); the engine's time (`Cluster.engine_overhead`) and
     the strategies' own costs (`Cluster.strategy_overhead`, net of the gradient passes the planner
     counts) as measured; the wait at a pipeline's end (`Cluster.pipeline_sync`): the engine
     yardstick's time from its drain to its step's end less what the model counts there. Returns it
@@ -126,6 +128,8 @@ def fit_cluster(config: GPTConfig, args, measured: dict) -> tuple[Cluster, dict]
     seconds = measured["all_reduce"]
     alpha, beta = cost.fit_alpha_beta([s / n for s in ALL_REDUCE_SIZES], [t / (2 * (n - 1)) for t in seconds])
     link = 1 / max(beta, 1e-15)
+    sizes = message_sizes(config, args.batch_size)
+    p2p_alpha, p2p_beta = cost.fit_alpha_beta(sizes, measured["message"])
     cores = measured["cores"]
     shared = min(cores, measured["effective_cores"]) if measured["effective_cores"] is not None else None
     python_share = work_cores = None
@@ -135,7 +139,8 @@ def fit_cluster(config: GPTConfig, args, measured: dict) -> tuple[Cluster, dict]
                         / predict(step, Layout(), alone)["step_seconds"])
         work_cores = cores_for_the_rest(shared, python_share, cores)
     cluster = Cluster(n, n, float("inf"), link, alpha, link, alpha, peak, overhead, memory_bandwidth=bandwidth,
-                      step_overhead=per_step, gemm=curve, p2p_latency=measured["message"],
+                      step_overhead=per_step, gemm=curve, p2p_latency=p2p_alpha,
+                      p2p_byte_seconds=p2p_beta,
                       engine_overhead=measured["engine"], cores=work_cores, strategy_overhead=tuple(strategies.items()),
                       overhead_cores=cores if shared is not None else None)
     # the engine yardstick's pipeline from its drain to the step's end, less what the model counts there
@@ -156,7 +161,11 @@ def fit_cluster(config: GPTConfig, args, measured: dict) -> tuple[Cluster, dict]
              "yardstick_python_share": python_share, "work_cores": work_cores,
              "overhead_cores": cores if shared is not None else None,
              "alpha": alpha, "beta": beta,
-             "pipeline_message_seconds": measured["message"], "pipeline_engine_seconds": measured["engine"],
+             # the delay at the largest size
+             "pipeline_message_seconds": measured["message"][0], "pipeline_message_alpha": p2p_alpha,
+             "pipeline_message_beta": p2p_beta,
+             "pipeline_message_each_size": {str(size): t for size, t in zip(sizes, measured["message"])},
+             "pipeline_engine_seconds": measured["engine"],
              "pipeline_drain_seconds": measured["drain"], "pipeline_sync_seconds": cluster.pipeline_sync,
              "all_reduce_seconds": {str(size): t for size, t in zip(ALL_REDUCE_SIZES, seconds)},
              "strategy_overhead": strategies, "strategy_overhead_per_microbatch": measured["strategies"]}
@@ -181,9 +190,18 @@ ALL_REDUCE_JOBS = 3  # jobs timing them, each size's fastest kept: with more ran
                      # all-reduces settle into a slow pace or a fast one (here 4 KB: ~300 or ~130 us), the
                      # training steps' into the fast one
 SERIAL_ROUNDS = 12  # rounds of the three serial steps in turn (`time_serial_steps`)
+MESSAGE_SPLITS = (1, 2, 4, 8, 16)  # micro-batches per batch whose messages the message yardstick times
 ENGINE_MICROBATCHES = 8  # of the pipeline that times the engine and a step's end after the drain
 ACCUMULATED = 8  # micro-batches of the third serial yardstick (fewer where the batch does not divide):
                  # many, so that the passes they add stand well above a step's noise
+
+
+def message_sizes(config: GPTConfig, batch: int) -> list[int]:
+    """The sizes (bytes, largest first) of the messages the layouts' pipelines send: one micro-batch's
+    float32 activation, for the batch cut into each of `MESSAGE_SPLITS` micro-batches (and a data-parallel
+    rank's share of it: the same sizes)."""
+    rows = sorted({batch // k for k in MESSAGE_SPLITS if batch // k >= 1}, reverse=True)
+    return [r * config.block_size * config.n_embd * 4 for r in rows]
 
 
 def print_yardsticks(facts: dict, ranks: int, when: str = "") -> None:
@@ -205,8 +223,9 @@ def print_yardsticks(facts: dict, ranks: int, when: str = "") -> None:
           f"per layer pass and {facts['step_overhead'] * 1e3:.1f} ms per step; "
           f"serial step {facts['serial_step_seconds'] * 1e3:.1f} ms measured{each}, "
           f"{facts['serial_step_predicted'] * 1e3:.1f} ms predicted; all-reduce alpha {facts['alpha'] * 1e6:.1f} us, "
-          f"beta {facts['beta'] * 1e9:.3f} ns/byte; a pipeline message noticed {facts['pipeline_message_seconds'] * 1e3:.2f} "
-          f"ms after its send, the pipeline engine's {facts['pipeline_engine_seconds'] * 1e3:.2f} ms after each "
+          f"beta {facts['beta'] * 1e9:.3f} ns/byte; a pipeline message noticed {facts['pipeline_message_alpha'] * 1e6:.1f} us "
+          f"+ {facts['pipeline_message_beta'] * 1e9:.3f} ns/byte after its send "
+          f"({facts['pipeline_message_seconds'] * 1e3:.2f} ms at {max(map(int, facts['pipeline_message_each_size'])) >> 10} KB), the pipeline engine's {facts['pipeline_engine_seconds'] * 1e3:.2f} ms after each "
           f"forward or backward; from a pipeline's drain to its step's end {facts['pipeline_drain_seconds'] * 1e3:.1f} "
           f"ms, {facts['pipeline_sync_seconds'] * 1e3:.1f} ms of it waiting for idle ranks; a strategy's own "
           "bookkeeping (on one rank): "

@@ -4,8 +4,8 @@ Each is a small timing that the planner's formulas need as a number and that no 
 for a CPU running NumPy: the GEMM curve of the model's own matmul shapes (`time_gemms`,
 `fit_gemm_curve`), the three serial steps, stepped in turn, that fix a layer pass's, a step's and
 the element-wise work's costs (`time_serial_steps`, `fit_serial_costs`), minidist's all-reduce on
-the job's ranks (`time_all_reduce`), how late a pipeline's receiver notices a message
-(`time_pipeline_message`), the pipeline engine's own time and how long a pipeline step takes from
+the job's ranks (`time_all_reduce`), how late a pipeline's receiver notices a message of each
+size a pipeline sends (`time_pipeline_message`), the pipeline engine's own time and how long a pipeline step takes from
 its drain to its end (`time_pipeline_engine`), how many cores ranks that share them get
 (`effective_cores`), and what each strategy's own bookkeeping adds to a micro-batch
 (`time_strategy_overheads`). The functions named `time_*` whose docstring says "rank program" run
@@ -46,31 +46,35 @@ def time_all_reduce(sizes, reps: int = 20) -> list[float]:
     return seconds
 
 
-def time_pipeline_message(nbytes: int, reps: int = 20, busy: float = 0.005) -> list[float]:
-    """Rank program (2 ranks at least): seconds from rank 1's send to rank 0 noticing it, as a
-    pipeline's receiver notices an activation: rank 0 has been waiting a while (`busy` s of rank 1's
-    compute), so minidist's polite wait is asleep in its back-off. One machine: one clock."""
+def time_pipeline_message(sizes, reps: int = 20, busy: float = 0.005) -> list[list[float]]:
+    """Rank program (2 ranks at least): for each message size in bytes, seconds from rank 1's send
+    to rank 0 noticing it, as a pipeline's receiver notices an activation: rank 0 has been waiting
+    a while (`busy` s of rank 1's compute), so minidist's polite wait is yielding the core. One list
+    of `reps` delays per size. One machine: one clock."""
     from minidist.comm import get_world
     from minidist.comm.p2p import irecv, isend
     from minidist.comm.waiting import wait
     world = get_world()
-    comm, x = world.comm, np.ones(nbytes // 4, np.float32)
+    comm = world.comm
     delays = []
-    for i in range(reps):
-        comm.Barrier()
-        if world.rank == 1:
-            end = time.perf_counter() + busy
-            while time.perf_counter() < end:  # compute, as the previous stage does
-                pass
-            sent = np.array([time.perf_counter()])
-            wait(isend(x, 0, i, world))
-            comm.Send(sent, dest=0, tag=10_000 + i)
-        elif world.rank == 0:
-            wait(irecv(x, 1, i, world))
-            noticed = time.perf_counter()
-            sent = np.empty(1)
-            comm.Recv(sent, source=1, tag=10_000 + i)
-            delays.append(noticed - sent[0])
+    for nbytes in sizes:
+        x, each = np.ones(nbytes // 4, np.float32), []
+        for i in range(reps):
+            comm.Barrier()
+            if world.rank == 1:
+                end = time.perf_counter() + busy
+                while time.perf_counter() < end:  # compute, as the previous stage does
+                    pass
+                sent = np.array([time.perf_counter()])
+                wait(isend(x, 0, i, world))
+                comm.Send(sent, dest=0, tag=10_000 + i)
+            elif world.rank == 0:
+                wait(irecv(x, 1, i, world))
+                noticed = time.perf_counter()
+                sent = np.empty(1)
+                comm.Recv(sent, source=1, tag=10_000 + i)
+                each.append(noticed - sent[0])
+        delays.append(each)
     return delays
 
 

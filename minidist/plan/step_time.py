@@ -257,6 +257,7 @@ def stage_costs(w, layout: Layout, cluster, b: int) -> tuple:
         _, _, nodes = group_span("pp", layout.dp, t, p, cluster.gpus_per_node)
         alpha, beta = cluster.link(nodes == 1)
         alpha = cluster.p2p_latency if cluster.p2p_latency is not None else alpha
+        beta = cluster.p2p_byte_seconds if cluster.p2p_byte_seconds is not None else beta
         activation = b * s * h * item
         message = alpha + activation / message_split(w, t) * beta
         if w.scatter_gather and t > 1 and not w.sequence_parallel:  # the receivers put the pieces together

@@ -56,6 +56,7 @@ class Cluster:
                                     # loses (its kernels take SMs and memory bandwidth); fitted, chapter 9
     p2p_latency: float | None = None  # s from a pipeline send to its receiver noticing it (None: the link's
                                       # latency); minidist's polite wait notices up to one back-off late
+    p2p_byte_seconds: float | None = None  # s per byte of a pipeline message (None: the link's beta)
     engine_overhead: float = 0.0      # s a pipeline engine spends after each forward or backward (posting
                                       # sends, polling, bookkeeping): idle, as a run measures it
     cores: float | None = None  # CPU cores the ranks share (None: a device each); with fewer cores than
