@@ -93,16 +93,19 @@ def test_a_stage_costs_its_gemms_elementwise_work_and_all_reduces():
 @pytest.mark.parametrize("schedule, p, v", [("1f1b", 2, 1), ("gpipe", 3, 1), ("1f1b", 4, 1), ("interleaved", 2, 2),
                                           ("interleaved", 4, 2)])
 def test_each_stage_pays_for_the_messages_its_schedule_sends(schedule, p, v):
-    """The messages a rank is charged per step are the sends in its instruction list."""
+    """The messages a rank is charged per step are the sends and receives in its instruction list."""
     w = Workload(GPTConfig(vocab_size=64, block_size=16, n_layer=8, n_head=2, n_embd=32), 8, 16, "fp32", "minidist")
     m = 4
     layout = Layout(pp=p, microbatches=m, schedule=schedule, virtual_stages=v)
-    costs = stage_costs(w, layout, Cluster(p, p, 1e12, **LINKS), 2)
+    costs = stage_costs(w, layout, Cluster(p, p, 1e12, **LINKS, receive_overhead=3e-6), 2)
     for rank, plan in enumerate(S.all_ranks(schedule, p, m, v)):
         sends = sum(ins.kind in (S.SEND_ACT, S.SEND_GRAD) for ins in plan)
+        receives = sum(ins.kind in (S.RECV_ACT, S.RECV_GRAD) for ins in plan)
         charged = m * sum(c.sends_forward + c.sends_backward for c in costs[rank])
-        assert charged == sends, (rank, charged, sends)
-        assert m * sum(c.parts()["pp"] for c in costs[rank]) == pytest.approx(sends * costs[rank][0].message)
+        taken = m * sum(c.receives_forward + c.receives_backward for c in costs[rank])
+        assert (charged, taken) == (sends, receives), (rank, charged, sends, taken, receives)
+        assert m * sum(c.parts()["pp"] for c in costs[rank]) == pytest.approx(
+            sends * costs[rank][0].message + receives * 3e-6)
 
 
 def test_scatter_gather_sends_a_tp_ranks_piece_and_gathers_it_inside_the_node():
@@ -346,9 +349,11 @@ def test_two_measurements_of_the_yardsticks_keep_the_least_disturbed():
     from minidist.bench.plan import least_disturbed
     first = {"serial": {"batch": 0.08, "one": 0.010}, "accumulated": 8, "peak": 1e11, "streamed": 3e10,
              "gemms": [(1e6, 2e-5), (4e6, 5e-5)], "cores": 2, "all_reduce": [3e-5, 9e-5], "message": [2e-4, 1e-4],
+             "receive": [3e-5, 2e-5],
              "effective_cores": 1.8, "engine": 6e-5, "drain": 9e-3, "strategies": {"tp": 3e-4, "zero3": 1e-3}}
     second = {**first, "serial": {"batch": 0.07, "one": 0.012}, "peak": 9e10, "streamed": 4e10,
               "gemms": [(1e6, 3e-5), (4e6, 4e-5)], "all_reduce": [4e-5, 8e-5], "message": [1e-4, 2e-4],
+              "receive": [4e-5, 1e-5],
               "effective_cores": 1.9, "engine": 8e-5, "drain": 7e-3, "strategies": {"tp": 1e-4, "zero3": 2e-3}}
     merged = least_disturbed(first, second)
     assert merged["serial"] == {"batch": 0.07, "one": 0.010}  # each its own fastest
@@ -356,6 +361,7 @@ def test_two_measurements_of_the_yardsticks_keep_the_least_disturbed():
     assert merged["effective_cores"] == pytest.approx(1.85)  # a ratio taken in turns: the median, not the largest
     assert merged["gemms"] == [(1e6, 2e-5), (4e6, 4e-5)] and merged["all_reduce"] == [3e-5, 8e-5]
     assert (merged["message"], merged["engine"], merged["drain"]) == ([1e-4, 1e-4], 6e-5, 7e-3)  # each size its least
+    assert merged["receive"] == [3e-5, 1e-5]
     assert merged["strategies"] == pytest.approx({"tp": 2e-4, "zero3": 1.5e-3})
     assert least_disturbed({**first, "effective_cores": None}, {**second, "effective_cores": None})["effective_cores"] is None
     # a third measurement (after another pass): each time the least of three, the strategies' mean of three
@@ -368,9 +374,11 @@ def test_two_measurements_of_the_yardsticks_keep_the_least_disturbed():
     assert merged["effective_cores"] == 1.8 and merged["effective_cores_each"] == [1.8, 1.9, 1.8]
 
 
-def made_up_yardsticks(message_alpha: float = 3e-4, message_beta: float = 2e-10):
+def made_up_yardsticks(message_alpha: float = 3e-4, message_beta: float = 2e-10, receive_alpha: float = 2e-5,
+                       receive_beta: float = 5e-11):
     """(config, args, measured): `measure_yardsticks`' measurements of a made-up 4-rank, 2-core
-    machine, each pipeline message `message_alpha` + bytes x `message_beta` late."""
+    machine, each pipeline message `message_alpha` + bytes x `message_beta` late, and taking it in
+    costing `receive_alpha` + bytes x `receive_beta`."""
     import argparse
     from minidist.bench._plan_calibration import ALL_REDUCE_SIZES, message_sizes
     config = GPTConfig(vocab_size=256, block_size=16, n_layer=4, n_head=2, n_embd=32)
@@ -379,6 +387,7 @@ def made_up_yardsticks(message_alpha: float = 3e-4, message_beta: float = 2e-10)
                 "streamed": 2e10, "gemms": gemms, "cores": 2, "effective_cores": 1.8,
                 "all_reduce": [4e-5 * (1 + size / 2 ** 20) for size in ALL_REDUCE_SIZES],
                 "message": [message_alpha + size * message_beta for size in message_sizes(config, 16)],
+                "receive": [receive_alpha + size * receive_beta for size in message_sizes(config, 16)],
                 "engine": 5e-5, "drain": 0.009, "strategies": {"tp": 2e-4, "zero2": 1e-4, "zero3": 3e-4, "mesh": 3e-4}}
     return config, argparse.Namespace(ranks=4, batch_size=16), measured
 
@@ -386,20 +395,25 @@ def made_up_yardsticks(message_alpha: float = 3e-4, message_beta: float = 2e-10)
 def test_a_pipeline_messages_alpha_and_beta_are_fitted_to_its_delay_at_each_size_it_is_sent():
     """The message yardstick times the sizes the layouts' pipelines send (one micro-batch's activation
     for 1 to 16 micro-batches); fit_cluster fits alpha + bytes x beta to them, and a stage's message
-    costs exactly that at its own size, not the largest message's delay plus its bytes again."""
+    costs exactly that at its own size, not the largest message's delay plus its bytes again. The
+    same for what taking a message in costs its receiver."""
     from minidist.bench.plan import fit_cluster
     from minidist.bench._plan_calibration import message_sizes
-    config, args, measured = made_up_yardsticks(message_alpha=3e-5, message_beta=1e-10)
+    config, args, measured = made_up_yardsticks(message_alpha=3e-5, message_beta=1e-10, receive_alpha=2e-5,
+                                                receive_beta=4e-11)
     activation = 16 * 16 * 32 * 4
     assert message_sizes(config, 16) == [activation, activation // 2, activation // 4, activation // 8,
                                          activation // 16]
     cluster, facts = fit_cluster(config, args, measured)
     assert (cluster.p2p_latency, cluster.p2p_byte_seconds) == (pytest.approx(3e-5), pytest.approx(1e-10))
+    assert (cluster.receive_overhead, cluster.receive_byte_seconds) == (pytest.approx(2e-5), pytest.approx(4e-11))
     assert facts["pipeline_message_seconds"] == measured["message"][0]  # the largest, as before
     assert facts["pipeline_message_each_size"][str(activation // 8)] == measured["message"][3]
     w = Workload(config, 16, 16, "fp32", "minidist", overlap=False)
     stage = stage_costs(w, Layout(pp=2, microbatches=8), cluster, 2)[0][0]
     assert stage.message == pytest.approx(3e-5 + activation / 8 * 1e-10)
+    assert stage.receive == pytest.approx(2e-5 + activation / 8 * 4e-11)
+    assert facts["pipeline_receive_each_size"][str(activation)] == measured["receive"][0]
 
 
 def test_the_fitted_wait_at_a_pipelines_end():

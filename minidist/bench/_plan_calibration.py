@@ -54,13 +54,14 @@ def measure_yardsticks(config: GPTConfig, args) -> dict:
     device = measure_this_machine()
     n, cores = args.ranks, cores_available()
     all_reduces = [run(time_all_reduce, n, ALL_REDUCE_SIZES, timeout=args.timeout)[0] for _ in range(ALL_REDUCE_JOBS)]
+    noticed, ready = run(time_pipeline_message, n, message_sizes(config, args.batch_size), timeout=args.timeout)[0]
     engine, drain = run(time_pipeline_engine, min(n, config.n_layer), config, args.batch_size,
                         math.gcd(args.batch_size, ENGINE_MICROBATCHES), timeout=args.timeout)[0]
     return {"serial": serial, "accumulated": k, "peak": device.flops("fp32"), "streamed": device.memory_bandwidth,
             "gemms": time_gemms(layer_shapes(config, args.batch_size, n)), "cores": cores,
             "all_reduce": [min(times) for times in zip(*all_reduces)],
-            "message": [float(np.median(delays)) for delays in
-                        run(time_pipeline_message, n, message_sizes(config, args.batch_size), timeout=args.timeout)[0]],
+            "message": [float(np.median(delays)) for delays in noticed],
+            "receive": [float(np.median(costs)) for costs in ready],
             "effective_cores": effective_cores(config, args.batch_size, n, args.timeout) if cores < n else None,
             "engine": engine, "drain": drain,
             "strategies": run(time_strategy_overheads, 1, config, k, timeout=args.timeout)[0]}
@@ -79,7 +80,8 @@ def least_disturbed(*measurements: dict) -> dict:
     merged["streamed"] = max(m["streamed"] for m in measurements)
     merged["gemms"] = [(flops, min(m["gemms"][i][1] for m in measurements)) for i, (flops, _) in enumerate(first["gemms"])]
     merged["all_reduce"] = [min(times) for times in zip(*(m["all_reduce"] for m in measurements))]
-    merged["message"] = [min(times) for times in zip(*(m["message"] for m in measurements))]
+    for name in ("message", "receive"):  # each size its own least
+        merged[name] = [min(times) for times in zip(*(m[name] for m in measurements))]
     for name in ("engine", "drain"):
         merged[name] = min(m[name] for m in measurements)
     if first["effective_cores"] is not None:  # a ratio of two times taken in turns, not a time: the median
@@ -100,7 +102,9 @@ def fit_cluster(config: GPTConfig, args, measured: dict) -> tuple[Cluster, dict]
     all-reduce's times give alpha and beta (`comm.cost.fit_alpha_beta` on the ring's
     2(n-1)(alpha + S/n beta)); with more ranks than cores, `Cluster.cores` (the cores they share,
     `plan.shared_cores`); a pipeline message's alpha and beta, fitted as the all-reduce's are to its
-    delays at the sizes the layouts send (`Cluster.p2p_latency`, `Cluster.p2p_byte_seconds`); the engine's time (`Cluster.engine_overhead`) and
+    delays at the sizes the layouts send (`Cluster.p2p_latency`, `Cluster.p2p_byte_seconds`), and
+    the same for what taking in one costs its receiver (`Cluster.receive_overhead`,
+    `Cluster.receive_byte_seconds`); the engine's time (`Cluster.engine_overhead`) and
     the strategies' own costs (`Cluster.strategy_overhead`, net of the gradient passes the planner
     counts) as measured; the wait at a pipeline's end (`Cluster.pipeline_sync`): the engine
     yardstick's time from its drain to its step's end less what the model counts there. Returns it
@@ -130,6 +134,7 @@ def fit_cluster(config: GPTConfig, args, measured: dict) -> tuple[Cluster, dict]
     link = 1 / max(beta, 1e-15)
     sizes = message_sizes(config, args.batch_size)
     p2p_alpha, p2p_beta = cost.fit_alpha_beta(sizes, measured["message"])
+    receive_alpha, receive_beta = cost.fit_alpha_beta(sizes, measured["receive"])
     cores = measured["cores"]
     shared = min(cores, measured["effective_cores"]) if measured["effective_cores"] is not None else None
     python_share = work_cores = None
@@ -140,7 +145,7 @@ def fit_cluster(config: GPTConfig, args, measured: dict) -> tuple[Cluster, dict]
         work_cores = cores_for_the_rest(shared, python_share, cores)
     cluster = Cluster(n, n, float("inf"), link, alpha, link, alpha, peak, overhead, memory_bandwidth=bandwidth,
                       step_overhead=per_step, gemm=curve, p2p_latency=p2p_alpha,
-                      p2p_byte_seconds=p2p_beta,
+                      p2p_byte_seconds=p2p_beta, receive_overhead=receive_alpha, receive_byte_seconds=receive_beta,
                       engine_overhead=measured["engine"], cores=work_cores, strategy_overhead=tuple(strategies.items()),
                       overhead_cores=cores if shared is not None else None)
     # the engine yardstick's pipeline from its drain to the step's end, less what the model counts there
@@ -165,6 +170,8 @@ def fit_cluster(config: GPTConfig, args, measured: dict) -> tuple[Cluster, dict]
              "pipeline_message_seconds": measured["message"][0], "pipeline_message_alpha": p2p_alpha,
              "pipeline_message_beta": p2p_beta,
              "pipeline_message_each_size": {str(size): t for size, t in zip(sizes, measured["message"])},
+             "pipeline_receive_alpha": receive_alpha, "pipeline_receive_beta": receive_beta,
+             "pipeline_receive_each_size": {str(size): t for size, t in zip(sizes, measured["receive"])},
              "pipeline_engine_seconds": measured["engine"],
              "pipeline_drain_seconds": measured["drain"], "pipeline_sync_seconds": cluster.pipeline_sync,
              "all_reduce_seconds": {str(size): t for size, t in zip(ALL_REDUCE_SIZES, seconds)},
@@ -225,7 +232,9 @@ def print_yardsticks(facts: dict, ranks: int, when: str = "") -> None:
           f"{facts['serial_step_predicted'] * 1e3:.1f} ms predicted; all-reduce alpha {facts['alpha'] * 1e6:.1f} us, "
           f"beta {facts['beta'] * 1e9:.3f} ns/byte; a pipeline message noticed {facts['pipeline_message_alpha'] * 1e6:.1f} us "
           f"+ {facts['pipeline_message_beta'] * 1e9:.3f} ns/byte after its send "
-          f"({facts['pipeline_message_seconds'] * 1e3:.2f} ms at {max(map(int, facts['pipeline_message_each_size'])) >> 10} KB), the pipeline engine's {facts['pipeline_engine_seconds'] * 1e3:.2f} ms after each "
+          f"({facts['pipeline_message_seconds'] * 1e3:.2f} ms at {max(map(int, facts['pipeline_message_each_size'])) >> 10} "
+          f"KB), taking one in {facts['pipeline_receive_alpha'] * 1e6:.1f} us + "
+          f"{facts['pipeline_receive_beta'] * 1e9:.3f} ns/byte, the pipeline engine's {facts['pipeline_engine_seconds'] * 1e3:.2f} ms after each "
           f"forward or backward; from a pipeline's drain to its step's end {facts['pipeline_drain_seconds'] * 1e3:.1f} "
           f"ms, {facts['pipeline_sync_seconds'] * 1e3:.1f} ms of it waiting for idle ranks; a strategy's own "
           "bookkeeping (on one rank): "

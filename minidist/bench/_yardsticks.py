@@ -5,7 +5,7 @@ for a CPU running NumPy: the GEMM curve of the model's own matmul shapes (`time_
 `fit_gemm_curve`), the three serial steps, stepped in turn, that fix a layer pass's, a step's and
 the element-wise work's costs (`time_serial_steps`, `fit_serial_costs`), minidist's all-reduce on
 the job's ranks (`time_all_reduce`), how late a pipeline's receiver notices a message of each
-size a pipeline sends (`time_pipeline_message`), the pipeline engine's own time and how long a pipeline step takes from
+size a pipeline sends and what taking in one already there costs it (`time_pipeline_message`), the pipeline engine's own time and how long a pipeline step takes from
 its drain to its end (`time_pipeline_engine`), how many cores ranks that share them get
 (`effective_cores`), and what each strategy's own bookkeeping adds to a micro-batch
 (`time_strategy_overheads`). The functions named `time_*` whose docstring says "rank program" run
@@ -46,19 +46,21 @@ def time_all_reduce(sizes, reps: int = 20) -> list[float]:
     return seconds
 
 
-def time_pipeline_message(sizes, reps: int = 20, busy: float = 0.005) -> list[list[float]]:
-    """Rank program (2 ranks at least): for each message size in bytes, seconds from rank 1's send
-    to rank 0 noticing it, as a pipeline's receiver notices an activation: rank 0 has been waiting
-    a while (`busy` s of rank 1's compute), so minidist's polite wait is yielding the core. One list
-    of `reps` delays per size. One machine: one clock."""
+def time_pipeline_message(sizes, reps: int = 20, busy: float = 0.005) -> tuple[list, list]:
+    """Rank program (2 ranks at least): for each message size in bytes, (1) seconds from rank 1's
+    send to rank 0 noticing it, as a pipeline's receiver notices an activation it waits for: rank 0
+    has been waiting a while (`busy` s of rank 1's compute), so minidist's polite wait is yielding
+    the core; (2) seconds rank 0 spends receiving a message posted long before (its buffer, the
+    receive posted, found and copied out), as a pipeline's receiver that was busy when it came.
+    Two lists with one list of `reps` times per size. One machine: one clock."""
     from minidist.comm import get_world
     from minidist.comm.p2p import irecv, isend
     from minidist.comm.waiting import wait
     world = get_world()
     comm = world.comm
-    delays = []
+    noticed, ready = [], []
     for nbytes in sizes:
-        x, each = np.ones(nbytes // 4, np.float32), []
+        x, delays, costs = np.ones(nbytes // 4, np.float32), [], []
         for i in range(reps):
             comm.Barrier()
             if world.rank == 1:
@@ -70,12 +72,29 @@ def time_pipeline_message(sizes, reps: int = 20, busy: float = 0.005) -> list[li
                 comm.Send(sent, dest=0, tag=10_000 + i)
             elif world.rank == 0:
                 wait(irecv(x, 1, i, world))
-                noticed = time.perf_counter()
+                seen = time.perf_counter()
                 sent = np.empty(1)
                 comm.Recv(sent, source=1, tag=10_000 + i)
-                each.append(noticed - sent[0])
-        delays.append(each)
-    return delays
+                delays.append(seen - sent[0])
+        for i in range(reps):
+            if world.rank == 1:
+                posted = isend(x, 0, reps + i, world)
+                comm.Barrier()
+                wait(posted)
+            elif world.rank == 0:
+                comm.Barrier()
+                end = time.perf_counter() + busy / 5
+                while time.perf_counter() < end:  # busy with a pass while the message comes in
+                    pass
+                start = time.perf_counter()
+                buffer = np.empty(nbytes // 4, np.float32)
+                wait(irecv(buffer, 1, reps + i, world))
+                costs.append(time.perf_counter() - start)
+            else:
+                comm.Barrier()
+        noticed.append(delays)
+        ready.append(costs)
+    return noticed, ready
 
 
 def time_pipeline_engine(config: GPTConfig, batch: int, microbatches: int, steps: int = 4) -> tuple[float, float]:

@@ -136,7 +136,8 @@ def overheads_only(cluster):
     part of a rank's work alone (the fixed costs per layer pass, step, engine and strategy)."""
     free = 1e30
     return dataclasses.replace(without_latency(cluster), flops=free, memory_bandwidth=free, intra_bandwidth=free,
-                               inter_bandwidth=free)
+                               inter_bandwidth=free, receive_byte_seconds=0.0,
+                               p2p_byte_seconds=None if cluster.p2p_byte_seconds is None else 0.0)
 
 
 def shared_cores_seconds(layout, cluster, costs: tuple, busy: tuple, beside: float, beside_busy: float,

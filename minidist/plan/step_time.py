@@ -149,8 +149,9 @@ class StageCost:
     """One pipeline chunk's cost per micro-batch (s): forward and backward, each split into
     matrix work, element-wise work and tensor-parallel all-reduces, plus the message each sends:
     its activation on after forward, its gradient back after backward (the pipeline's first chunk
-    has no gradient to send back, its last no activation to send on), and the engine's own time
-    after each."""
+    has no gradient to send back, its last no activation to send on), the message each takes in
+    (the activation before forward, the gradient before backward: the same chunks but the other
+    way round) and the engine's own time after each."""
     gemm: float         # the forward's GEMMs (backward: twice)
     elementwise: float  # the forward's element-wise work (backward: twice)
     tp: float           # all four all-reduces, two forward and two backward
@@ -160,16 +161,30 @@ class StageCost:
     sends_backward: bool = True  # False for its first
     engine: float = 0.0          # the pipeline engine's time after each forward and backward
     core: float = 0.0            # selective recomputation: the attention core's forward, run again in backward
+    receive: float = 0.0         # taking in one message: an activation before forward, a gradient before backward
+
+    @property
+    def receives_forward(self) -> bool:  # an activation comes in: every chunk that sends a gradient back
+        return self.sends_backward
+
+    @property
+    def receives_backward(self) -> bool:  # a gradient comes in: every chunk that sends an activation on
+        return self.sends_forward
 
     @property
     def forward(self) -> float:
-        return self.gemm + self.elementwise + self.tp / 2 + self.message * self.sends_forward + self.engine
+        return self.gemm + self.elementwise + self.tp / 2 + self.messages(forward=True) + self.engine
 
     @property
     def backward(self) -> float:
         again = (self.gemm + self.elementwise + self.tp / 2) if self.recompute else self.core
-        return 2 * (self.gemm + self.elementwise) + self.tp / 2 + again + self.message * self.sends_backward + \
-            self.engine
+        return 2 * (self.gemm + self.elementwise) + self.tp / 2 + again + self.messages(forward=False) + self.engine
+
+    def messages(self, forward: bool) -> float:
+        """The forward's (or backward's) messages: the one it takes in and the one it sends."""
+        if forward:
+            return self.receive * self.receives_forward + self.message * self.sends_forward
+        return self.receive * self.receives_backward + self.message * self.sends_backward
 
     def parts(self) -> dict:
         """Forward plus backward by kind: compute, tp, pp (the messages and the engine around them)
@@ -177,7 +192,7 @@ class StageCost:
         runs = 3 + self.recompute  # forward, backward (2), the recomputed forward
         return {"compute": runs * (self.gemm + self.elementwise) + (not self.recompute) * self.core,
                 "tp": self.tp * (1 + self.recompute / 2),
-                "pp": self.message * (self.sends_forward + self.sends_backward) + 2 * self.engine,
+                "pp": self.messages(True) + self.messages(False) + 2 * self.engine,
                 "total": self.forward + self.backward}
 
 
@@ -252,7 +267,7 @@ def stage_costs(w, layout: Layout, cluster, b: int) -> tuple:
         core, _ = gemms_seconds(layer_gemms(b, s, h, a, t, kv, ffn, inputs == 2)[1:3], cluster, item)
         core += 2 * attention_core_bytes(w, b, t) / cluster.memory_bandwidth
     head_elementwise = 4 * b * s * vocab // t * 4 / cluster.memory_bandwidth  # fp32 logits: softmax, loss, grad
-    message = engine = 0.0
+    message = engine = receive = 0.0
     if p > 1:
         _, _, nodes = group_span("pp", layout.dp, t, p, cluster.gpus_per_node)
         alpha, beta = cluster.link(nodes == 1)
@@ -263,6 +278,7 @@ def stage_costs(w, layout: Layout, cluster, b: int) -> tuple:
         if w.scatter_gather and t > 1 and not w.sequence_parallel:  # the receivers put the pieces together
             message += cost.predict("all_gather", "ring", t, activation, *cluster.link(True))
         engine = cluster.engine_overhead  # the engine's own time after each pass, idle as a run measures it
+        receive = cluster.receive_overhead + activation / message_split(w, t) * cluster.receive_byte_seconds
     per_rank = []
     for rank in range(p):
         chunks = []
@@ -270,7 +286,8 @@ def stage_costs(w, layout: Layout, cluster, b: int) -> tuple:
             layers = end - start
             first, last = chunk * p + rank == 0, chunk * p + rank == p * v - 1
             chunks.append(StageCost(layers * gemm + last * head_gemm, layers * elementwise + last * head_elementwise,
-                                    layers * tp, w.recompute, message, not last, not first, engine, layers * core))
+                                    layers * tp, w.recompute, message, not last, not first, engine, layers * core,
+                                    receive))
         per_rank.append(tuple(chunks))
     return tuple(per_rank)
 

@@ -57,6 +57,9 @@ class Cluster:
     p2p_latency: float | None = None  # s from a pipeline send to its receiver noticing it (None: the link's
                                       # latency); minidist's polite wait notices up to one back-off late
     p2p_byte_seconds: float | None = None  # s per byte of a pipeline message (None: the link's beta)
+    receive_overhead: float = 0.0      # s a pipeline stage spends taking in each message (its buffer, the receive
+    receive_byte_seconds: float = 0.0  # posted, found, copied out), + s per byte: minidist's Python and MPI's
+                                       # copy, a wait as a run measures it; 0 on a GPU, where the kernel hides it
     engine_overhead: float = 0.0      # s a pipeline engine spends after each forward or backward (posting
                                       # sends, polling, bookkeeping): idle, as a run measures it
     cores: float | None = None  # CPU cores the ranks share (None: a device each); with fewer cores than
