@@ -74,3 +74,17 @@ def test_the_pipeline_yardsticks_on_a_real_two_rank_run():
     config = GPTConfig(vocab_size=256, block_size=16, n_layer=2, n_head=2, n_embd=32)
     engine, drain = run(time_pipeline_engine, 2, config, 4, 2, 3, timeout=120)[0]
     assert 0.0 < engine < drain < 1.0
+
+
+def test_the_message_yardstick_on_a_real_two_rank_run():
+    """bench plan's message yardstick under mpiexec, at two sizes: a message waited for is noticed
+    after its send (on the shared clock, later, and long before the sender's 5 ms of compute would
+    pass again), and one posted before its receiver got there costs the receive far less than the
+    millisecond the receiver was busy (it never waits for the post)."""
+    from minidist.bench._yardsticks import time_pipeline_message
+    from minidist.comm.launch import run
+    noticed, taken_in = run(time_pipeline_message, 2, [1 << 15, 1 << 19], 5, timeout=120)[0]
+    assert [len(times) for times in noticed + taken_in] == [5, 5, 5, 5]
+    for delays, costs in zip(noticed, taken_in):
+        assert 0.0 < min(delays) and float(np.median(delays)) < 0.005
+        assert 0.0 < min(costs) and float(np.median(costs)) < 0.001

@@ -132,7 +132,7 @@ def fit_cluster(config: GPTConfig, args, measured: dict) -> tuple[Cluster, dict]
     seconds = measured["all_reduce"]
     alpha, beta = cost.fit_alpha_beta([s / n for s in ALL_REDUCE_SIZES], [t / (2 * (n - 1)) for t in seconds])
     link = 1 / max(beta, 1e-15)
-    sizes = message_sizes(config, args.batch_size)
+    sizes = message_sizes(config, args.batch_size)  # a pipeline message: alpha and beta as the all-reduce's
     p2p_alpha, p2p_beta = cost.fit_alpha_beta(sizes, measured["message"])
     receive_alpha, receive_beta = cost.fit_alpha_beta(sizes, measured["receive"])
     cores = measured["cores"]
@@ -166,8 +166,8 @@ def fit_cluster(config: GPTConfig, args, measured: dict) -> tuple[Cluster, dict]
              "yardstick_python_share": python_share, "work_cores": work_cores,
              "overhead_cores": cores if shared is not None else None,
              "alpha": alpha, "beta": beta,
-             # the delay at the largest size
-             "pipeline_message_seconds": measured["message"][0], "pipeline_message_alpha": p2p_alpha,
+             "pipeline_message_seconds": measured["message"][0],  # at the largest size
+             "pipeline_message_alpha": p2p_alpha,
              "pipeline_message_beta": p2p_beta,
              "pipeline_message_each_size": {str(size): t for size, t in zip(sizes, measured["message"])},
              "pipeline_receive_alpha": receive_alpha, "pipeline_receive_beta": receive_beta,
@@ -220,6 +220,7 @@ def print_yardsticks(facts: dict, ranks: int, when: str = "") -> None:
     median = f", the median of {', '.join(f'{c:.2f}' for c in measured)}" if len(measured) > 1 else ""
     split = (f": their Python-bound {facts['yardstick_python_share']:.0%} of the step at {facts['overhead_cores']}, "
              f"array work at {facts['work_cores']:.2f}" if facts.get("work_cores") else "")
+    largest = max(map(int, facts["pipeline_message_each_size"]))
     shared = (f"{ranks} ranks share {facts['cores']} cores, as {facts['effective_cores']:.2f}{median}{split}"
               if facts["effective_cores"] else "a core per rank")
     print(f"yardsticks{when}: per core ({shared}) GEMMs at "
@@ -230,12 +231,12 @@ def print_yardsticks(facts: dict, ranks: int, when: str = "") -> None:
           f"per layer pass and {facts['step_overhead'] * 1e3:.1f} ms per step; "
           f"serial step {facts['serial_step_seconds'] * 1e3:.1f} ms measured{each}, "
           f"{facts['serial_step_predicted'] * 1e3:.1f} ms predicted; all-reduce alpha {facts['alpha'] * 1e6:.1f} us, "
-          f"beta {facts['beta'] * 1e9:.3f} ns/byte; a pipeline message noticed {facts['pipeline_message_alpha'] * 1e6:.1f} us "
-          f"+ {facts['pipeline_message_beta'] * 1e9:.3f} ns/byte after its send "
-          f"({facts['pipeline_message_seconds'] * 1e3:.2f} ms at {max(map(int, facts['pipeline_message_each_size'])) >> 10} "
-          f"KB), taking one in {facts['pipeline_receive_alpha'] * 1e6:.1f} us + "
-          f"{facts['pipeline_receive_beta'] * 1e9:.3f} ns/byte, the pipeline engine's {facts['pipeline_engine_seconds'] * 1e3:.2f} ms after each "
-          f"forward or backward; from a pipeline's drain to its step's end {facts['pipeline_drain_seconds'] * 1e3:.1f} "
+          f"beta {facts['beta'] * 1e9:.3f} ns/byte; a pipeline message noticed "
+          f"{facts['pipeline_message_alpha'] * 1e6:.1f} us + {facts['pipeline_message_beta'] * 1e9:.3f} ns/byte after "
+          f"its send ({facts['pipeline_message_seconds'] * 1e3:.2f} ms at {largest >> 10} KB), taking one in "
+          f"{facts['pipeline_receive_alpha'] * 1e6:.1f} us + {facts['pipeline_receive_beta'] * 1e9:.3f} ns/byte, "
+          f"the pipeline engine's {facts['pipeline_engine_seconds'] * 1e3:.2f} ms after each forward or backward; "
+          f"from a pipeline's drain to its step's end {facts['pipeline_drain_seconds'] * 1e3:.1f} "
           f"ms, {facts['pipeline_sync_seconds'] * 1e3:.1f} ms of it waiting for idle ranks; a strategy's own "
           "bookkeeping (on one rank): "
           + ", ".join(f"{name} {seconds * 1e3:.2f} ms" for name, seconds in facts["strategy_overhead"].items())

@@ -5,8 +5,9 @@ for a CPU running NumPy: the GEMM curve of the model's own matmul shapes (`time_
 `fit_gemm_curve`), the three serial steps, stepped in turn, that fix a layer pass's, a step's and
 the element-wise work's costs (`time_serial_steps`, `fit_serial_costs`), minidist's all-reduce on
 the job's ranks (`time_all_reduce`), how late a pipeline's receiver notices a message of each
-size a pipeline sends and what taking in one already there costs it (`time_pipeline_message`), the pipeline engine's own time and how long a pipeline step takes from
-its drain to its end (`time_pipeline_engine`), how many cores ranks that share them get
+size a pipeline sends and what taking in one already there costs it (`time_pipeline_message`),
+the pipeline engine's own time and how long a pipeline step takes from its drain to its end
+(`time_pipeline_engine`), how many cores ranks that share them get
 (`effective_cores`), and what each strategy's own bookkeeping adds to a micro-batch
 (`time_strategy_overheads`). The functions named `time_*` whose docstring says "rank program" run
 under `comm.launch.run`. A helper of `plan.py`, not a benchmark of its own: hence the underscore
@@ -47,54 +48,65 @@ def time_all_reduce(sizes, reps: int = 20) -> list[float]:
 
 
 def time_pipeline_message(sizes, reps: int = 20, busy: float = 0.005) -> tuple[list, list]:
-    """Rank program (2 ranks at least): for each message size in bytes, (1) seconds from rank 1's
-    send to rank 0 noticing it, as a pipeline's receiver notices an activation it waits for: rank 0
-    has been waiting a while (`busy` s of rank 1's compute), so minidist's polite wait is yielding
-    the core; (2) seconds rank 0 spends receiving a message posted long before (its buffer, the
-    receive posted, found and copied out), as a pipeline's receiver that was busy when it came.
-    Two lists with one list of `reps` times per size. One machine: one clock."""
+    """Rank program (2 ranks at least): for each message size in bytes, `reps` times of (1) a message
+    noticed (`_noticed`) and (2) a message taken in (`_taken_in`). Returns the two lists, one list of
+    times per size. One machine: one clock."""
     from minidist.comm import get_world
+    world = get_world()
+    noticed = [_noticed(world, np.ones(nbytes // 4, np.float32), reps, busy) for nbytes in sizes]
+    taken_in = [_taken_in(world, np.ones(nbytes // 4, np.float32), reps, busy / 5) for nbytes in sizes]
+    return noticed, taken_in
+
+
+def _noticed(world, x, reps: int, busy: float) -> list[float]:
+    """Seconds from rank 1's send of `x` to rank 0 noticing it, as a pipeline's receiver notices an
+    activation it waits for: rank 0 has been waiting a while (`busy` s of rank 1's compute), so
+    minidist's polite wait is yielding the core."""
     from minidist.comm.p2p import irecv, isend
     from minidist.comm.waiting import wait
-    world = get_world()
-    comm = world.comm
-    noticed, ready = [], []
-    for nbytes in sizes:
-        x, delays, costs = np.ones(nbytes // 4, np.float32), [], []
-        for i in range(reps):
+    comm, delays = world.comm, []
+    for i in range(reps):
+        comm.Barrier()
+        if world.rank == 1:
+            end = time.perf_counter() + busy
+            while time.perf_counter() < end:  # compute, as the previous stage does
+                pass
+            sent = np.array([time.perf_counter()])
+            wait(isend(x, 0, i, world))
+            comm.Send(sent, dest=0, tag=10_000 + i)
+        elif world.rank == 0:
+            wait(irecv(x, 1, i, world))
+            seen = time.perf_counter()
+            sent = np.empty(1)
+            comm.Recv(sent, source=1, tag=10_000 + i)
+            delays.append(seen - sent[0])
+    return delays
+
+
+def _taken_in(world, x, reps: int, busy: float) -> list[float]:
+    """Seconds rank 0 spends receiving a message like `x` that rank 1 posted `busy` s before (its
+    buffer, the receive posted, found and copied out), as a pipeline's receiver that was busy with a
+    pass when it came."""
+    from minidist.comm.p2p import irecv, isend
+    from minidist.comm.waiting import wait
+    comm, costs = world.comm, []
+    for i in range(reps):
+        if world.rank == 1:
+            posted = isend(x, 0, i, world)
             comm.Barrier()
-            if world.rank == 1:
-                end = time.perf_counter() + busy
-                while time.perf_counter() < end:  # compute, as the previous stage does
-                    pass
-                sent = np.array([time.perf_counter()])
-                wait(isend(x, 0, i, world))
-                comm.Send(sent, dest=0, tag=10_000 + i)
-            elif world.rank == 0:
-                wait(irecv(x, 1, i, world))
-                seen = time.perf_counter()
-                sent = np.empty(1)
-                comm.Recv(sent, source=1, tag=10_000 + i)
-                delays.append(seen - sent[0])
-        for i in range(reps):
-            if world.rank == 1:
-                posted = isend(x, 0, reps + i, world)
-                comm.Barrier()
-                wait(posted)
-            elif world.rank == 0:
-                comm.Barrier()
-                end = time.perf_counter() + busy / 5
-                while time.perf_counter() < end:  # busy with a pass while the message comes in
-                    pass
-                start = time.perf_counter()
-                buffer = np.empty(nbytes // 4, np.float32)
-                wait(irecv(buffer, 1, reps + i, world))
-                costs.append(time.perf_counter() - start)
-            else:
-                comm.Barrier()
-        noticed.append(delays)
-        ready.append(costs)
-    return noticed, ready
+            wait(posted)
+        elif world.rank == 0:
+            comm.Barrier()
+            end = time.perf_counter() + busy
+            while time.perf_counter() < end:  # busy with a pass while the message comes in
+                pass
+            start = time.perf_counter()
+            buffer = np.empty_like(x)
+            wait(irecv(buffer, 1, i, world))
+            costs.append(time.perf_counter() - start)
+        else:
+            comm.Barrier()
+    return costs
 
 
 def time_pipeline_engine(config: GPTConfig, batch: int, microbatches: int, steps: int = 4) -> tuple[float, float]:

@@ -23,10 +23,11 @@ NumPy matmuls of the model's shapes give the GEMM curve; three serial steps (one
 batch in 8 micro-batches) give the fixed costs of a layer pass and of a step that no split
 shrinks (Python's) and the bandwidth minidist's element-wise work reaches; minidist's all-reduce
 timed on `--ranks` ranks gives alpha and beta (`comm.cost.fit_alpha_beta` on the ring's
-2(n-1)(alpha + S/n beta)), and a pipeline message's delay as its receiver notices it, at each size the
-layouts send, gives the message's own alpha and beta; each strategy's own bookkeeping is timed on one rank, where messages
-are free (`Cluster.strategy_overhead`). The model assumes no overlap here: minidist's collectives
-run on the training thread. With more ranks than cores (4 ranks on a 2-core machine) the ranks are
+2(n-1)(alpha + S/n beta)); a pipeline message's delay as its receiver notices it, at each size
+the layouts send, gives the message's own alpha and beta, and the same for what taking one in
+costs its receiver; each strategy's own bookkeeping is timed on one rank, where messages are
+free (`Cluster.strategy_overhead`). The model assumes no overlap here: minidist's collectives run
+on the training thread. With more ranks than cores (4 ranks on a 2-core machine) the ranks are
 not independent devices: the ranks that compute share the cores, and a rank that waits (in a
 pipeline's bubble, for a message, in a collective's latency) lends its core to them (`Cluster.cores`,
 `plan.shared_cores`), and sleeps: after the drain, the step's last collectives wait
