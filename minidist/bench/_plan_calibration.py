@@ -54,14 +54,14 @@ def measure_yardsticks(config: GPTConfig, args) -> dict:
     device = measure_this_machine()
     n, cores = args.ranks, cores_available()
     all_reduces = [run(time_all_reduce, n, ALL_REDUCE_SIZES, timeout=args.timeout)[0] for _ in range(ALL_REDUCE_JOBS)]
-    noticed, ready = run(time_pipeline_message, n, message_sizes(config, args.batch_size), timeout=args.timeout)[0]
+    noticed, taken_in = run(time_pipeline_message, n, message_sizes(config, args.batch_size), timeout=args.timeout)[0]
     engine, drain = run(time_pipeline_engine, min(n, config.n_layer), config, args.batch_size,
                         math.gcd(args.batch_size, ENGINE_MICROBATCHES), timeout=args.timeout)[0]
     return {"serial": serial, "accumulated": k, "peak": device.flops("fp32"), "streamed": device.memory_bandwidth,
             "gemms": time_gemms(layer_shapes(config, args.batch_size, n)), "cores": cores,
             "all_reduce": [min(times) for times in zip(*all_reduces)],
             "message": [float(np.median(delays)) for delays in noticed],
-            "receive": [float(np.median(costs)) for costs in ready],
+            "receive": [float(np.median(costs)) for costs in taken_in],
             "effective_cores": effective_cores(config, args.batch_size, n, args.timeout) if cores < n else None,
             "engine": engine, "drain": drain,
             "strategies": run(time_strategy_overheads, 1, config, k, timeout=args.timeout)[0]}
