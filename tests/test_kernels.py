@@ -240,6 +240,48 @@ def test_bench_step_times_both_paths_and_keeps_its_json_keys(tmp_path):
     assert record["kernels"] == "fast" and record["plain_seconds"] > 0 and record["seconds"] > 0
     assert record["torch_seconds"] is None and record["torch_matmul_floor_seconds"] is None
     assert "Linear" in record["ops"]
+    assert record["linear_gemms_in_step_seconds"] > 0 and record["linear_gemms_alone_seconds"] > 0
+
+
+def test_timed_linear_gives_the_fast_linears_numbers_and_logs_its_three_gemms():
+    from minidist.core import fused, fused_fast
+    from minidist.core.kernels import register_fast
+    from minidist.lab.gemms_in_step import TimedLinear
+
+    x, w, b = array(2, 3, 4, seed=1), array(5, 4, seed=2), array(5, seed=3)
+    expected = run("fast", F.linear, x, w, b)
+    TimedLinear.log.clear()
+    register_fast(fused.Linear, TimedLinear)
+    try:
+        got = run("fast", F.linear, x, w, b)
+    finally:
+        register_fast(fused.Linear, fused_fast.Linear)
+    for a, e in zip(got, expected):
+        np.testing.assert_array_equal(a, e)
+    assert [entry[:4] for entry in TimedLinear.log] == [("forward", (6, 4), (5, 4), "float64"),
+                                                         ("to the input", (6, 5), (5, 4), "float64"),
+                                                         ("to the weight", (6, 5), (6, 4), "float64")]
+    assert all(entry[4] > 0 for entry in TimedLinear.log)
+
+
+def test_linear_gemms_in_step_counts_every_linear_of_the_gpt_and_steps_aside():
+    """Two blocks of six Linear layers and the head: 13 products of each kind per step."""
+    from minidist.bench.step import minidist_step
+    from minidist.core import fused, fused_fast
+    from minidist.core.kernels import chosen
+    from minidist.core.model import GPTConfig
+    from minidist.lab.gemms_in_step import KINDS, linear_gemms_in_step
+
+    config = GPTConfig(vocab_size=16, block_size=8, n_layer=2, n_head=2, n_embd=8)
+    step, _, _ = minidist_step(config, 2, "float32")
+    inside, alone, by_shape = linear_gemms_in_step(step, steps=2, warmup=1, repeats=2)
+    for kind in KINDS:
+        assert sum(calls for (k, *_), (calls, _, _) in by_shape.items() if k == kind) == 2 * 6 + 1
+    assert {dtype for (*_, dtype) in by_shape} == {"float32"}
+    assert inside == pytest.approx(sum(c * t for c, t, _ in by_shape.values()))
+    assert alone == pytest.approx(sum(c * t for c, _, t in by_shape.values())) and alone > 0
+    with kernels("fast"):
+        assert chosen(fused.Linear) is fused_fast.Linear
 
 
 def test_fast_attention_hands_back_heads_side_by_side():

@@ -11,11 +11,16 @@ n_embd 128, 4 layers, 4 heads, batch 16) in float32 and float64 and prints, side
   dependency of minidist: `pip install torch` to see it), and PyTorch's own floor: the same
   GEMMs on its BLAS (often MKL, faster than NumPy's OpenBLAS), so that each framework's step can
   be set against its own matrix products ("torch_matmul_floor_seconds");
-- where minidist's time goes, per operation (`minidist.core.tensor.profile`).
+- where minidist's time goes, per operation (`minidist.core.tensor.profile`);
+- the Linear layers' GEMMs timed inside the fast path's step and the same GEMMs alone, in a loop
+  as the floor runs them (`minidist.lab.gemms_in_step`): inside a step their arrays come from
+  memory, not the cache, so even a step with nothing but GEMMs would not reach the floor.
 
 All are timed in turns, step after step, so that they share the machine's conditions. The JSON
 record's "seconds", "tokens_per_s" and "ops" are those of the path named in "kernels" (fast,
-unless only plain is timed); "plain_seconds" is the plain path's step (null when not timed).
+unless only plain is timed); "plain_seconds" is the plain path's step (null when not timed);
+"linear_gemms_in_step_seconds" and "linear_gemms_alone_seconds" are per step (null when the fast
+path is not timed).
 
 It runs NumPy's BLAS and PyTorch with one thread each: that is how ranks run.
 """
@@ -33,6 +38,7 @@ from minidist.core.model import GPT, GPTConfig
 from minidist.core.optim import AdamW
 from minidist.runtime import tune_malloc
 from minidist.core.tensor import default_dtype, profile
+from minidist.lab.gemms_in_step import linear_gemms_in_step
 
 CONFIG = GPTConfig(vocab_size=256, block_size=64, n_layer=4, n_head=4, n_embd=128)
 BATCH = 16
@@ -168,12 +174,17 @@ def main(argv=None):
         ours, floor, theirs = medians[main_path], medians["floor"], medians.get("torch")
         with profile() as ops:
             steps[main_path]()
+        inside = alone = None
+        if "fast" in built:
+            inside, alone, _ = linear_gemms_in_step(built["fast"][0], steps=min(args.steps, 10),
+                                                    warmup=min(args.warmup, 2))
         record = {"benchmark": "step", "dtype": dtype, "batch": BATCH, "tokens": tokens,
                   "parameters": model.num_parameters(), "seconds": ours, "tokens_per_s": tokens / ours,
                   "matmul_floor_seconds": floor, "torch_seconds": theirs,
                   "ops": {k: {"forward": v[0], "backward": v[1], "calls": v[2]} for k, v in ops.items()},
                   "kernels": main_path, "plain_seconds": medians.get("plain"),
-                  "torch_matmul_floor_seconds": medians.get("torch floor")}
+                  "torch_matmul_floor_seconds": medians.get("torch floor"),
+                  "linear_gemms_in_step_seconds": inside, "linear_gemms_alone_seconds": alone}
         records.append(record)
         print(f"\n{dtype}:")
         for path in paths:
@@ -189,6 +200,9 @@ def main(argv=None):
                   f"{theirs / their_floor:.2f}x   (its BLAS / NumPy's on these GEMMs: {their_floor / floor:.2f}x)")
         else:
             print("         PyTorch        (not installed: pip install torch to compare)")
+        if inside:
+            print(f"         Linear's GEMMs inside the fast step {inside * 1e3:6.1f} ms, the same GEMMs alone "
+                  f"{alone * 1e3:6.1f} ms ({inside / alone:.2f}x: inside a step their arrays come from memory)")
         print(f"         where the {main_path} path's time goes:")
         total = sum(v[0] + v[1] for v in ops.values())
         print(f"         {'operation':28s} {'forward':>9s} {'backward':>9s} {'share':>6s}")
