@@ -20,6 +20,7 @@ import numpy as np
 
 from minidist.core import fused, fused_fast
 from minidist.core.kernels import kernels, register_fast
+from minidist.parallel.stage_balance import median_seconds
 
 KINDS = ("forward", "to the input", "to the weight")  # y = x W^T,  dx = g W,  dW = g^T x
 
@@ -62,13 +63,7 @@ def _alone(kind, a_shape, b_shape, dtype, repeats):
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal(a_shape).astype(dtype), rng.standard_normal(b_shape).astype(dtype)
     product = {"forward": lambda: a @ b.T, "to the input": lambda: a @ b, "to the weight": lambda: a.T @ b}[kind]
-    product()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        product()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+    return median_seconds(product, repeats)
 
 
 def linear_gemms_in_step(step, steps: int = 10, warmup: int = 2, repeats: int = 20):
