@@ -268,7 +268,7 @@ def test_linear_gemms_in_step_counts_every_linear_of_the_gpt_and_steps_aside():
     """Two blocks of six Linear layers and the head: 13 products of each kind per step."""
     from minidist.bench.step import minidist_step
     from minidist.core import fused, fused_fast
-    from minidist.core.kernels import chosen
+    from minidist.core.kernels import chosen, register_fast
     from minidist.core.model import GPTConfig
     from minidist.lab.gemms_in_step import KINDS, linear_gemms_in_step
 
@@ -282,6 +282,17 @@ def test_linear_gemms_in_step_counts_every_linear_of_the_gpt_and_steps_aside():
     assert alone == pytest.approx(sum(c * t for c, _, t in by_shape.values())) and alone > 0
     with kernels("fast"):
         assert chosen(fused.Linear) is fused_fast.Linear
+
+    class StandIn(fused_fast.Linear):
+        """Whatever ran before the measurement runs again after it."""
+
+    register_fast(fused.Linear, StandIn)
+    try:
+        linear_gemms_in_step(step, steps=1, warmup=0, repeats=1)
+        with kernels("fast"):
+            assert chosen(fused.Linear) is StandIn
+    finally:
+        register_fast(fused.Linear, fused_fast.Linear)
 
 
 def test_fast_attention_hands_back_heads_side_by_side():
